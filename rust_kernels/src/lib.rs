@@ -1,0 +1,296 @@
+//! hyserve-kernels: SIMD CPU kernels for the hyserve service, exposed to Python with PyO3.
+//!
+//! Every entry point checks shapes, then releases the GIL for the computation. Weights stay in the
+//! GGUF memory map: `QMatrix` keeps a reference to the numpy view and reads its bytes in place.
+
+pub mod attention;
+pub mod matmul;
+pub mod ops;
+pub mod quant;
+pub mod simd;
+pub mod threads;
+
+use matmul::Weight;
+use numpy::ndarray::{Array1, Array2, Array3};
+use numpy::{IntoPyArray, PyUntypedArrayMethods, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadwriteArray2};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use quant::GgmlType;
+
+fn value_error(msg: impl Into<String>) -> PyErr {
+    PyValueError::new_err(msg.into())
+}
+
+fn contiguous<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    a: &'a numpy::PyReadonlyArray<'_, T, D>,
+    what: &str,
+) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| value_error(format!("{what} must be a C-contiguous array")))
+}
+
+/// A weight matrix of `rows` rows × `cols` elements stored in a GGUF type, read in place.
+#[pyclass(frozen, module = "hyserve_kernels")]
+struct QMatrix {
+    _owner: Py<PyAny>,
+    ptr: usize,
+    len: usize,
+    t: GgmlType,
+    #[pyo3(get)]
+    rows: usize,
+    #[pyo3(get)]
+    cols: usize,
+    #[pyo3(get)]
+    ggml_type: u32,
+}
+
+impl QMatrix {
+    fn weight(&self) -> Weight<'_> {
+        // SAFETY: `_owner` keeps the read-only buffer alive and unmoved for self's lifetime.
+        let data = unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) };
+        Weight { t: self.t, data, rows: self.rows, cols: self.cols }
+    }
+}
+
+#[pymethods]
+impl QMatrix {
+    #[new]
+    fn new(data: PyReadonlyArray1<'_, u8>, ggml_type: u32, rows: usize, cols: usize) -> PyResult<Self> {
+        let t = GgmlType::from_id(ggml_type)
+            .ok_or_else(|| value_error(format!("unsupported ggml type id {ggml_type}")))?;
+        if cols == 0 || cols % t.block_len() != 0 {
+            return Err(value_error(format!("row length {cols} is not a multiple of {:?}'s block of {}", t, t.block_len())));
+        }
+        let bytes = contiguous(&data, "weight data")?;
+        let expected = rows * t.row_bytes(cols);
+        if bytes.len() != expected {
+            return Err(value_error(format!("{rows}x{cols} {t:?} needs {expected} bytes, got {}", bytes.len())));
+        }
+        Ok(Self {
+            ptr: bytes.as_ptr() as usize,
+            len: bytes.len(),
+            _owner: data.as_any().clone().unbind(),
+            t,
+            rows,
+            cols,
+            ggml_type,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("QMatrix({:?}, rows={}, cols={})", self.t, self.rows, self.cols)
+    }
+}
+
+/// `y[m, n] = x[m, :] · W[n, :]` for each weight; activations are converted once per format.
+#[pyfunction]
+fn matmul_many<'py>(
+    py: Python<'py>,
+    weights: Vec<PyRef<'py, QMatrix>>,
+    x: PyReadonlyArray2<'py, f32>,
+) -> PyResult<Vec<Bound<'py, PyArray2<f32>>>> {
+    let (m, cols) = (x.shape()[0], x.shape()[1]);
+    if weights.is_empty() {
+        return Ok(vec![]);
+    }
+    for w in &weights {
+        if w.cols != cols {
+            return Err(value_error(format!("input has {cols} columns, weight expects {}", w.cols)));
+        }
+    }
+    let xs = contiguous(&x, "x")?;
+    let ws: Vec<Weight> = weights.iter().map(|w| w.weight()).collect();
+    let results = py.detach(|| {
+        let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; m * w.rows]).collect();
+        threads::run(|| {
+            let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+            matmul::matmul_many(&ws, xs, m, &mut outs);
+        });
+        bufs
+    });
+    Ok(results
+        .into_iter()
+        .zip(&ws)
+        .map(|(b, w)| Array2::from_shape_vec((m, w.rows), b).unwrap().into_pyarray(py))
+        .collect())
+}
+
+#[pyfunction]
+#[pyo3(name = "matmul")]
+fn py_matmul<'py>(py: Python<'py>, weight: PyRef<'py, QMatrix>, x: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    Ok(matmul_many(py, vec![weight], x)?.pop().unwrap())
+}
+
+/// Dequantize the given rows of a weight (all rows when `ids` is None) to f32.
+#[pyfunction]
+#[pyo3(signature = (weight, ids=None))]
+fn get_rows<'py>(py: Python<'py>, weight: PyRef<'py, QMatrix>, ids: Option<PyReadonlyArray1<'py, i32>>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let w = weight.weight();
+    let ids: Vec<i32> = match &ids {
+        Some(a) => contiguous(a, "ids")?.to_vec(),
+        None => (0..w.rows as i32).collect(),
+    };
+    if let Some(bad) = ids.iter().find(|&&i| i < 0 || i as usize >= w.rows) {
+        return Err(value_error(format!("row id {bad} out of range 0..{}", w.rows)));
+    }
+    let out = py.detach(|| {
+        let mut out = vec![0.0f32; ids.len() * w.cols];
+        ops::get_rows(w.t, w.data, w.cols, &ids, &mut out);
+        out
+    });
+    Ok(Array2::from_shape_vec((ids.len(), w.cols), out).unwrap().into_pyarray(py))
+}
+
+/// RMSNorm over the last axis of a 2-D array (rows × n), optionally times a weight of length n.
+#[pyfunction]
+#[pyo3(signature = (x, weight, eps))]
+fn rms_norm<'py>(py: Python<'py>, x: PyReadonlyArray2<'py, f32>, weight: Option<PyReadonlyArray1<'py, f32>>, eps: f32) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let (rows, n) = (x.shape()[0], x.shape()[1]);
+    let xs = contiguous(&x, "x")?;
+    let ws = match &weight {
+        Some(w) if w.len() != n => return Err(value_error(format!("norm weight has {} elements, rows have {n}", w.len()))),
+        Some(w) => Some(contiguous(w, "weight")?),
+        None => None,
+    };
+    let out = py.detach(|| {
+        let mut out = vec![0.0f32; rows * n];
+        ops::rms_norm(xs, n, ws, eps, &mut out);
+        out
+    });
+    Ok(Array2::from_shape_vec((rows, n), out).unwrap().into_pyarray(py))
+}
+
+/// RoPE in place on x (rows × n_head·head_dim); `neox` selects the pair layout.
+#[pyfunction]
+#[pyo3(signature = (x, n_head, positions, n_rot, base, freq_scale=1.0, neox=true))]
+#[allow(clippy::too_many_arguments)]
+fn rope(py: Python<'_>, mut x: PyReadwriteArray2<'_, f32>, n_head: usize, positions: PyReadonlyArray1<'_, i32>, n_rot: usize, base: f32, freq_scale: f32, neox: bool) -> PyResult<()> {
+    let (rows, width) = (x.shape()[0], x.shape()[1]);
+    if n_head == 0 || width % n_head != 0 || n_rot > width / n_head || n_rot % 2 != 0 {
+        return Err(value_error(format!("bad rope shape: width {width}, {n_head} heads, n_rot {n_rot}")));
+    }
+    if positions.len() != rows {
+        return Err(value_error(format!("{} positions for {rows} rows", positions.len())));
+    }
+    let pos = contiguous(&positions, "positions")?;
+    let xs = x.as_slice_mut().map_err(|_| value_error("x must be C-contiguous"))?;
+    py.detach(|| ops::rope(xs, n_head, width / n_head, pos, n_rot, base, freq_scale, neox));
+    Ok(())
+}
+
+fn gated_unit<'py>(py: Python<'py>, gate: PyReadonlyArray2<'py, f32>, up: PyReadonlyArray2<'py, f32>, act: fn(f32) -> f32) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    if gate.shape() != up.shape() {
+        return Err(value_error("gate and up must have the same shape"));
+    }
+    let (rows, n) = (gate.shape()[0], gate.shape()[1]);
+    let (g, u) = (contiguous(&gate, "gate")?, contiguous(&up, "up")?);
+    let out = py.detach(|| {
+        let mut out = vec![0.0f32; rows * n];
+        ops::gated(g, u, act, &mut out);
+        out
+    });
+    Ok(Array2::from_shape_vec((rows, n), out).unwrap().into_pyarray(py))
+}
+
+/// `gelu(gate) * up` with ggml's fp16-table GELU (Gemma's GEGLU).
+#[pyfunction]
+fn geglu<'py>(py: Python<'py>, gate: PyReadonlyArray2<'py, f32>, up: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    gated_unit(py, gate, up, ops::gelu)
+}
+
+/// `silu(gate) * up` (SwiGLU).
+#[pyfunction]
+fn swiglu<'py>(py: Python<'py>, gate: PyReadonlyArray2<'py, f32>, up: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    gated_unit(py, gate, up, ops::silu)
+}
+
+/// Elementwise GELU (fp16 table) of a 1-D array; for tests.
+#[pyfunction]
+fn gelu<'py>(py: Python<'py>, x: PyReadonlyArray1<'py, f32>) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let v: Vec<f32> = contiguous(&x, "x")?.iter().map(|&a| ops::gelu(a)).collect();
+    Ok(Array1::from_vec(v).into_pyarray(py))
+}
+
+/// Elementwise SiLU of a 1-D array.
+#[pyfunction]
+fn silu<'py>(py: Python<'py>, x: PyReadonlyArray1<'py, f32>) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let v: Vec<f32> = contiguous(&x, "x")?.iter().map(|&a| ops::silu(a)).collect();
+    Ok(Array1::from_vec(v).into_pyarray(py))
+}
+
+/// Attention of `q` (rows × n_head × head_dim, pre-scaled) over f16 caches `k`, `v`
+/// (cache_len × n_kv × head_dim, as uint16 bits); row i at `positions[i]` sees keys up to it,
+/// within `window` if nonzero.
+#[pyfunction]
+#[pyo3(name = "attention", signature = (q, k, v, positions, window=0))]
+fn py_attention<'py>(
+    py: Python<'py>,
+    q: PyReadonlyArray3<'py, f32>,
+    k: PyReadonlyArray3<'py, u16>,
+    v: PyReadonlyArray3<'py, u16>,
+    positions: PyReadonlyArray1<'py, i32>,
+    window: usize,
+) -> PyResult<Bound<'py, PyArray3<f32>>> {
+    let (rows, n_head, hd) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+    let (cache_len, n_kv) = (k.shape()[0], k.shape()[1]);
+    if k.shape() != v.shape() || k.shape()[2] != hd || n_kv == 0 || n_head % n_kv != 0 {
+        return Err(value_error(format!("bad attention shapes q {:?} k {:?} v {:?}", q.shape(), k.shape(), v.shape())));
+    }
+    let pos = contiguous(&positions, "positions")?;
+    if pos.len() != rows || pos.iter().any(|&p| p < 0 || p as usize >= cache_len) {
+        return Err(value_error(format!("positions must be {rows} values in 0..{cache_len}")));
+    }
+    let (qs, ks, vs) = (contiguous(&q, "q")?, contiguous(&k, "k")?, contiguous(&v, "v")?);
+    let shape = attention::AttentionShape { n_head, n_kv, head_dim: hd, window };
+    let out = py.detach(|| {
+        let mut out = vec![0.0f32; rows * n_head * hd];
+        threads::run(|| attention::attention(qs, ks, vs, pos, &shape, &mut out));
+        out
+    });
+    Ok(Array3::from_shape_vec((rows, n_head, hd), out).unwrap().into_pyarray(py))
+}
+
+#[pyfunction]
+fn set_num_threads(n: usize) -> PyResult<()> {
+    if n == 0 {
+        return Err(value_error("thread count must be at least 1"));
+    }
+    threads::set_num_threads(n);
+    Ok(())
+}
+
+#[pyfunction]
+fn num_threads() -> usize {
+    threads::num_threads()
+}
+
+/// Force the portable scalar path (True) or use SIMD where the CPU has it (False).
+#[pyfunction]
+fn set_force_scalar(force: bool) {
+    simd::set_force_scalar(force);
+}
+
+/// "avx2" or "scalar": the path the kernels take now.
+#[pyfunction]
+fn simd_path() -> &'static str {
+    simd::path_name()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<QMatrix>()?;
+    m.add_function(wrap_pyfunction!(py_matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(matmul_many, m)?)?;
+    m.add_function(wrap_pyfunction!(get_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(rope, m)?)?;
+    m.add_function(wrap_pyfunction!(geglu, m)?)?;
+    m.add_function(wrap_pyfunction!(swiglu, m)?)?;
+    m.add_function(wrap_pyfunction!(gelu, m)?)?;
+    m.add_function(wrap_pyfunction!(silu, m)?)?;
+    m.add_function(wrap_pyfunction!(py_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(set_force_scalar, m)?)?;
+    m.add_function(wrap_pyfunction!(simd_path, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,66 @@
+//! `y = x · Wᵀ` for a quantized weight matrix: each output is one full-row `vec_dot`, so a row's
+//! result never depends on the other rows in the batch (batch invariance). Weight rows are split
+//! into chunks across threads; a chunk stays in cache while every activation row passes over it.
+
+use crate::quant::{vec_dot, Activations, GgmlType};
+use rayon::prelude::*;
+
+/// A weight matrix: `rows` rows of `cols` elements in GGUF bytes (`cols` along the blocks).
+#[derive(Clone, Copy)]
+pub struct Weight<'a> {
+    pub t: GgmlType,
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Weight<'_> {
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.t.row_bytes(self.cols);
+        &self.data[r * rb..(r + 1) * rb]
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every task writes a disjoint set of output elements.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Several weights applied to the same activations `x` (`m` rows of `cols`), in one parallel pass.
+/// `outs[i]` receives `m × ws[i].rows` floats, row-major. Activations are converted once per format.
+pub fn matmul_many(ws: &[Weight], x: &[f32], m: usize, outs: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), outs.len());
+    let cols = ws[0].cols;
+    assert!(ws.iter().all(|w| w.cols == cols) && x.len() == m * cols);
+    let mut formats = Vec::new();
+    for w in ws {
+        if !formats.contains(&w.t.act_format()) {
+            formats.push(w.t.act_format());
+        }
+    }
+    let acts: Vec<(_, Activations)> = formats.iter().map(|&f| (f, Activations::quantize(f, x, cols))).collect();
+    let act_for = |t: GgmlType| &acts.iter().find(|(f, _)| *f == t.act_format()).unwrap().1;
+
+    // Rows per task: enough work per task to hide scheduling, small enough to stay in L1/L2.
+    let chunk = if m == 1 { 64 } else { 16 };
+    let tasks: Vec<(usize, usize)> =
+        ws.iter().enumerate().flat_map(|(wi, w)| (0..w.rows.div_ceil(chunk)).map(move |c| (wi, c * chunk))).collect();
+    let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert_eq!(o.len(), m * w.rows);
+    }
+    tasks.par_iter().for_each(|&(wi, start)| {
+        let w = &ws[wi];
+        let acts = act_for(w.t);
+        let out = ptrs[wi];
+        let end = (start + chunk).min(w.rows);
+        for r in 0..m {
+            for n in start..end {
+                let v = vec_dot(w.t, w.row(n), acts, r);
+                // SAFETY: (r, n) pairs are disjoint across tasks and within bounds (asserted above).
+                unsafe { *out.0.add(r * w.rows + n) = v };
+            }
+        }
+    });
+}

@@ -1,0 +1,140 @@
+//! Activation rows converted to the format a weight type's dot product consumes (llama.cpp's
+//! `vec_dot_type`). Scales are kept as f32 holding the exact value llama.cpp would use
+//! (already rounded to f16 where llama.cpp stores an f16).
+
+use super::ActFormat;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct BlockQ8_0 {
+    pub d: f32,
+    pub qs: [i8; 32],
+}
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct BlockQ8_1 {
+    pub d: f32,
+    /// f16(d_unrounded * sum(qs)), as llama.cpp stores it
+    pub s: f32,
+    pub qs: [i8; 32],
+}
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; 256],
+    pub bsums: [i16; 16],
+}
+
+/// `rows` activation rows of `n` elements each, converted to one format.
+pub enum Activations {
+    F32 { data: Vec<f32>, n: usize },
+    F16 { data: Vec<u16>, n: usize },
+    BF16 { data: Vec<u16>, n: usize },
+    Q8_0 { blocks: Vec<BlockQ8_0>, per_row: usize },
+    Q8_1 { blocks: Vec<BlockQ8_1>, per_row: usize },
+    Q8K { blocks: Vec<BlockQ8K>, per_row: usize },
+}
+
+impl Activations {
+    pub fn q8_0_row(&self, r: usize) -> &[BlockQ8_0] {
+        match self {
+            Self::Q8_0 { blocks, per_row } => &blocks[r * per_row..(r + 1) * per_row],
+            _ => unreachable!(),
+        }
+    }
+    pub fn q8_1_row(&self, r: usize) -> &[BlockQ8_1] {
+        match self {
+            Self::Q8_1 { blocks, per_row } => &blocks[r * per_row..(r + 1) * per_row],
+            _ => unreachable!(),
+        }
+    }
+    pub fn q8k_row(&self, r: usize) -> &[BlockQ8K] {
+        match self {
+            Self::Q8K { blocks, per_row } => &blocks[r * per_row..(r + 1) * per_row],
+            _ => unreachable!(),
+        }
+    }
+
+    /// Convert `x` (rows of `n` floats, row-major) into `fmt`.
+    pub fn quantize(fmt: ActFormat, x: &[f32], n: usize) -> Self {
+        let rows = x.len() / n;
+        // Rows are independent; parallel only when there is enough work to pay for the dispatch.
+        let parallel = rows * n >= 1 << 16;
+        match fmt {
+            ActFormat::F32 => Self::F32 { data: x.to_vec(), n },
+            ActFormat::F16 => Self::F16 { data: x.iter().map(|&v| f16::from_f32(v).to_bits()).collect(), n },
+            ActFormat::BF16 => Self::BF16 { data: x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect(), n },
+            ActFormat::Q8_0 => Self::Q8_0 { blocks: map_blocks(x, 32, parallel, quantize_q8_0), per_row: n / 32 },
+            ActFormat::Q8_1 => Self::Q8_1 { blocks: map_blocks(x, 32, parallel, quantize_q8_1), per_row: n / 32 },
+            ActFormat::Q8K => Self::Q8K { blocks: map_blocks(x, 256, parallel, quantize_q8k), per_row: n / 256 },
+        }
+    }
+}
+
+fn map_blocks<B: Send>(x: &[f32], len: usize, parallel: bool, f: fn(&[f32]) -> B) -> Vec<B> {
+    if parallel {
+        x.par_chunks_exact(len).map(f).collect()
+    } else {
+        x.chunks_exact(len).map(f).collect()
+    }
+}
+
+fn abs_max(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// llama.cpp's x86 Q8_0 quantizer: `id = 127/amax`, round half to even, `d` rounded to f16.
+pub fn quantize_q8_0(x: &[f32]) -> BlockQ8_0 {
+    let amax = abs_max(x);
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; 32];
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+    }
+    BlockQ8_0 { d: f16::from_f32(d).to_f32(), qs }
+}
+
+/// Q8_1: Q8_0 plus `s = f16(d * sum(q))` with the unrounded `d`.
+pub fn quantize_q8_1(x: &[f32]) -> BlockQ8_1 {
+    let amax = abs_max(x);
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; 32];
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+        sum += *q as i32;
+    }
+    BlockQ8_1 { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs }
+}
+
+/// llama.cpp's reference Q8_K quantizer: signed max, `iscale = -127/max`, `d = 1/iscale` (f32).
+pub fn quantize_q8k(x: &[f32]) -> BlockQ8K {
+    let mut max = 0.0f32;
+    let mut amax = 0.0f32;
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let mut b = BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] };
+    if amax == 0.0 {
+        return b;
+    }
+    let iscale = -127.0 / max;
+    for (q, &v) in b.qs.iter_mut().zip(x) {
+        *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+    }
+    for (k, s) in b.bsums.iter_mut().enumerate() {
+        *s = b.qs[16 * k..16 * k + 16].iter().map(|&q| q as i16).sum();
+    }
+    b.d = 1.0 / iscale;
+    b
+}

@@ -1,0 +1,241 @@
+"""Rust kernels against numpy references (gguf's quantizers/dequantizers), on the SIMD and scalar paths."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import hyserve_kernels as hk
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+Q = GGMLQuantizationType
+LEGACY = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
+KQUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+FLOATS = [Q.F32, Q.F16, Q.BF16]
+ALL_TYPES = FLOATS + LEGACY + KQUANTS
+
+
+@pytest.fixture(params=["avx2", "scalar"])
+def simd_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "avx2" and hk.simd_path() != "avx2":
+        hk.set_force_scalar(False)
+        if hk.simd_path() != "avx2":
+            pytest.skip("CPU has no AVX2")
+    hk.set_force_scalar(request.param == "scalar")
+    yield request.param
+    hk.set_force_scalar(False)
+
+
+def random_weight_bytes(t: GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Quantized weight bytes: through gguf's quantizer where it has one, else random valid blocks."""
+    if t in FLOATS or t in LEGACY:
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        return np.ascontiguousarray(quants.quantize(w, t)).reshape(-1).view(np.uint8)
+    block, size = GGML_QUANT_SIZES[t]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scale = (rng.random((rows, cols // block)) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
+    if t == Q.Q6_K:
+        raw[..., 208:210] = scale.reshape(rows, cols // block, 2)
+    else:
+        raw[..., 0:2] = scale.reshape(rows, cols // block, 2)
+        mins = (rng.random((rows, cols // block)) * 0.01).astype(np.float16).view(np.uint8)
+        raw[..., 2:4] = mins.reshape(rows, cols // block, 2)
+    return raw.reshape(-1)
+
+
+def dequantize(t: GGMLQuantizationType, data: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    return quants.dequantize(data.reshape(rows, -1), t).astype(np.float64).reshape(rows, cols)
+
+
+def f16_round(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float64)
+
+
+def reference_activations(t: GGMLQuantizationType, x: np.ndarray) -> np.ndarray:
+    """The activations as llama.cpp's x86 path converts them for weight type t, dequantized."""
+    if t == Q.F32:
+        return x.astype(np.float64)
+    if t == Q.F16:
+        return f16_round(x)
+    if t == Q.BF16:
+        return quants.dequantize(quants.quantize(x, Q.BF16), Q.BF16).astype(np.float64)
+    if t in KQUANTS:  # Q8_K: signed max, iscale = -127/max, round half to even
+        blocks = x.reshape(-1, 256).astype(np.float32)
+        idx = np.argmax(np.abs(blocks), axis=1)
+        signed_max = blocks[np.arange(len(blocks)), idx]
+        with np.errstate(divide="ignore"):
+            iscale = np.where(signed_max != 0, np.float32(-127.0) / signed_max, 0).astype(np.float32)
+        q = np.minimum(np.rint(blocks * iscale[:, None]), 127)
+        with np.errstate(divide="ignore"):
+            d = np.where(iscale != 0, np.float32(1.0) / iscale, 0).astype(np.float32)
+        return (q * d[:, None].astype(np.float64)).reshape(x.shape)
+    blocks = x.reshape(-1, 32).astype(np.float32)  # Q8_0 / Q8_1: id = 127/amax, round half even
+    amax = np.abs(blocks).max(axis=1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127.0) / amax, 0).astype(np.float32)
+    q = np.rint(blocks * inv[:, None])
+    d = f16_round((amax / np.float32(127.0)).astype(np.float32))
+    return (q * d[:, None]).reshape(x.shape)
+
+
+def q8_1_min_correction(t: GGMLQuantizationType, data: np.ndarray, rows: int, x: np.ndarray) -> np.ndarray:
+    """Q4_1/Q5_1 add `m * s` per block, where Q8_1 stores s = f16(d * sum(q)) rounded to f16."""
+    blocks = x.reshape(len(x), -1, 32).astype(np.float32)
+    amax = np.abs(blocks).max(axis=2)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127.0) / amax, 0).astype(np.float32)
+    qsum = np.rint(blocks * inv[..., None]).sum(axis=2)
+    s_rounded = f16_round((amax / np.float32(127.0) * qsum).astype(np.float32))
+    exact = qsum * f16_round((amax / np.float32(127.0)).astype(np.float32))
+    mins = data.reshape(rows, -1, GGML_QUANT_SIZES[t][1])[..., 2:4].copy().view(np.float16)[..., 0]
+    return (s_rounded - exact) @ mins.astype(np.float64).T
+
+
+def weight_and_input(t: GGMLQuantizationType, rows: int, cols: int, m: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    data = random_weight_bytes(t, rows, cols, rng)
+    x = rng.standard_normal((m, cols)).astype(np.float32)
+    return hk.QMatrix(data, int(t), rows, cols), data, x
+
+
+def cols_for(t: GGMLQuantizationType) -> int:
+    return {1: 45, 32: 96, 256: 512}[GGML_QUANT_SIZES[t][0]]
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_gguf(t: GGMLQuantizationType) -> None:
+    rows, cols = 5, cols_for(t)
+    w, data, _ = weight_and_input(t, rows, cols, 1)
+    np.testing.assert_array_equal(hk.get_rows(w), dequantize(t, data, rows, cols).astype(np.float32))
+    ids = np.array([4, 0, 4], dtype=np.int32)
+    np.testing.assert_array_equal(hk.get_rows(w, ids), hk.get_rows(w)[ids])
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,m", [(37, 1), (70, 3), (16, 7)])
+def test_matmul_matches_reference(t: GGMLQuantizationType, rows: int, m: int, simd_path: str) -> None:
+    cols = cols_for(t)
+    w, data, x = weight_and_input(t, rows, cols, m, seed=rows + m)
+    ref = reference_activations(t, x) @ dequantize(t, data, rows, cols).T
+    if t in (Q.Q4_1, Q.Q5_1):
+        ref += q8_1_min_correction(t, data, rows, x)
+    got = hk.matmul(w, x)
+    scale = np.abs(reference_activations(t, x)) @ np.abs(dequantize(t, data, rows, cols)).T
+    assert got.shape == (m, rows)
+    assert np.max(np.abs(got - ref) / (scale + 1e-6)) < 2e-5
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_is_batch_invariant(t: GGMLQuantizationType, simd_path: str) -> None:
+    cols = cols_for(t)
+    w, _, x = weight_and_input(t, 33, cols, 9)
+    full = hk.matmul(w, x)
+    for i in range(len(x)):
+        np.testing.assert_array_equal(hk.matmul(w, x[i : i + 1])[0], full[i])
+    np.testing.assert_array_equal(hk.matmul(w, x[2:7]), full[2:7])
+
+
+def test_matmul_many_equals_separate_calls(simd_path: str) -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 512)).astype(np.float32)
+    ws = [
+        hk.QMatrix(random_weight_bytes(t, r, 512, rng), int(t), r, 512)
+        for t, r in [(Q.Q5_0, 20), (Q.Q8_0, 7), (Q.Q4_K, 9), (Q.F16, 3)]
+    ]
+    for w, y in zip(ws, hk.matmul_many(ws, x)):
+        np.testing.assert_array_equal(y, hk.matmul(w, x))
+
+
+def test_qmatrix_rejects_bad_shapes() -> None:
+    data = np.zeros(34 * 4, dtype=np.uint8)
+    with pytest.raises(ValueError, match="needs"):
+        hk.QMatrix(data, int(Q.Q8_0), 5, 32)
+    with pytest.raises(ValueError, match="multiple"):
+        hk.QMatrix(data, int(Q.Q8_0), 4, 33)
+    with pytest.raises(ValueError, match="unsupported"):
+        hk.QMatrix(data, 16, 4, 32)
+    w = hk.QMatrix(data, int(Q.Q8_0), 4, 32)
+    with pytest.raises(ValueError, match="columns"):
+        hk.matmul(w, np.zeros((1, 64), np.float32))
+
+
+def test_rms_norm(simd_path: str) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 77)).astype(np.float32)
+    w = rng.standard_normal(77).astype(np.float32)
+    ms = (x.astype(np.float64) ** 2).mean(axis=1).astype(np.float32)
+    scale = (1.0 / np.sqrt(ms + np.float32(1e-6))).astype(np.float32)
+    np.testing.assert_allclose(hk.rms_norm(x, w, 1e-6), (x * scale[:, None]) * w, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(hk.rms_norm(x, None, 1e-6), x * scale[:, None], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope(neox: bool) -> None:
+    rng = np.random.default_rng(2)
+    n_head, hd, n_rot = 3, 16, 12
+    x = rng.standard_normal((4, n_head * hd)).astype(np.float32)
+    pos = np.array([0, 1, 17, 1000], dtype=np.int32)
+    got = x.copy()
+    hk.rope(got, n_head, pos, n_rot, 10000.0, 0.5, neox)
+    ref = x.reshape(4, n_head, hd).astype(np.float64).copy()
+    inv = 10000.0 ** (-np.arange(0, n_rot, 2) / n_rot)
+    for r, p in enumerate(pos):
+        ang = p * 0.5 * inv
+        c, s = np.cos(ang), np.sin(ang)
+        a = np.arange(n_rot // 2) if neox else np.arange(0, n_rot, 2)
+        b = a + n_rot // 2 if neox else a + 1
+        x0, x1 = ref[r, :, a].copy(), ref[r, :, b].copy()
+        ref[r, :, a] = (x0.T * c - x1.T * s).T
+        ref[r, :, b] = (x0.T * s + x1.T * c).T
+    np.testing.assert_allclose(got.reshape(4, n_head, hd), ref, rtol=1e-3, atol=2e-3)
+    np.testing.assert_array_equal(got.reshape(4, n_head, hd)[..., n_rot:], x.reshape(4, n_head, hd)[..., n_rot:])
+
+
+def test_gelu_uses_fp16_table_and_silu() -> None:
+    x = np.concatenate([np.linspace(-12, 12, 2001), [-10.0, 10.0, 0.0]]).astype(np.float32)
+    xh = x.astype(np.float16).astype(np.float64)
+    table = (0.5 * xh * (1 + np.tanh(np.sqrt(2 / np.pi) * xh * (1 + 0.044715 * xh * xh)))).astype(np.float16)
+    ref = np.where(x <= -10, 0.0, np.where(x >= 10, x, table.astype(np.float32)))
+    np.testing.assert_allclose(hk.gelu(x), ref, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(hk.silu(x), x / (1 + np.exp(-x.astype(np.float64))), rtol=1e-5, atol=1e-6)
+    g, u = np.random.default_rng(0).standard_normal((2, 3, 10)).astype(np.float32)
+    np.testing.assert_array_equal(hk.geglu(g, u), (hk.gelu(g.ravel()) * u.ravel()).reshape(3, 10))
+    np.testing.assert_array_equal(hk.swiglu(g, u), (hk.silu(g.ravel()) * u.ravel()).reshape(3, 10))
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_attention_matches_numpy_and_is_batch_invariant(window: int, simd_path: str) -> None:
+    rng = np.random.default_rng(4)
+    n_head, n_kv, hd, ctx = 4, 2, 40, 9
+    k = rng.standard_normal((ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((ctx, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((ctx, n_head, hd)).astype(np.float32) * 0.3
+    pos = np.arange(ctx, dtype=np.int32)
+    got = hk.attention(q, k.view(np.uint16), v.view(np.uint16), pos, window)
+    qh = q.astype(np.float16).astype(np.float64)
+    for i, p in enumerate(pos):
+        first = max(0, p - window + 1) if window else 0
+        for h in range(n_head):
+            kv = h // (n_head // n_kv)
+            s = k[first : p + 1, kv].astype(np.float64) @ qh[i, h]
+            w = np.exp(s - s.max())
+            w /= w.sum()
+            np.testing.assert_allclose(got[i, h], w @ v[first : p + 1, kv].astype(np.float64), rtol=1e-4, atol=1e-5)
+    for i in range(ctx):  # one row at a time gives identical bits
+        one = hk.attention(q[i : i + 1], k.view(np.uint16), v.view(np.uint16), pos[i : i + 1], window)
+        np.testing.assert_array_equal(one[0], got[i])
+
+
+def test_thread_count_does_not_change_results() -> None:
+    w, _, x = weight_and_input(Q.Q4_K, 300, 512, 3)
+    before = hk.num_threads()
+    try:
+        hk.set_num_threads(1)
+        one = hk.matmul(w, x)
+        hk.set_num_threads(2)
+        np.testing.assert_array_equal(hk.matmul(w, x), one)
+    finally:
+        hk.set_num_threads(before)
+    with pytest.raises(ValueError):
+        hk.set_num_threads(0)
