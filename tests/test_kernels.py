@@ -220,7 +220,7 @@ def test_attention_matches_numpy_and_is_batch_invariant(window: int, simd_path: 
             kv = h // (n_head // n_kv)
             s = k[first : p + 1, kv].astype(np.float64) @ qh[i, h]
             w = np.exp(s - s.max())
-            w /= w.sum()
+            w = (w / w.sum()).astype(np.float16).astype(np.float64)  # llama.cpp multiplies V by f16 probabilities
             np.testing.assert_allclose(got[i, h], w @ v[first : p + 1, kv].astype(np.float64), rtol=1e-4, atol=1e-5)
     for i in range(ctx):  # one row at a time gives identical bits
         one = hk.attention(q[i : i + 1], k.view(np.uint16), v.view(np.uint16), pos[i : i + 1], window)
@@ -239,3 +239,18 @@ def test_thread_count_does_not_change_results() -> None:
         hk.set_num_threads(before)
     with pytest.raises(ValueError):
         hk.set_num_threads(0)
+
+
+def test_attention_paths_are_bit_identical() -> None:
+    """The scalar attention emulates the AVX2 lane order exactly (f16 products are exact in f32)."""
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((40, 1, 64)).astype(np.float16)
+    v = rng.standard_normal((40, 1, 64)).astype(np.float16)
+    q = rng.standard_normal((40, 4, 64)).astype(np.float32)
+    pos = np.arange(40, dtype=np.int32)
+    try:
+        hk.set_force_scalar(True)
+        scalar = hk.attention(q, k.view(np.uint16), v.view(np.uint16), pos, 16)
+    finally:
+        hk.set_force_scalar(False)
+    np.testing.assert_array_equal(hk.attention(q, k.view(np.uint16), v.view(np.uint16), pos, 16), scalar)

@@ -12,7 +12,10 @@ pub mod threads;
 
 use matmul::Weight;
 use numpy::ndarray::{Array1, Array2, Array3};
-use numpy::{IntoPyArray, PyUntypedArrayMethods, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadwriteArray2};
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2,
+    PyReadonlyArray3, PyReadwriteArray2, PyUntypedArrayMethods,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use quant::GgmlType;
@@ -25,7 +28,8 @@ fn contiguous<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
     a: &'a numpy::PyReadonlyArray<'_, T, D>,
     what: &str,
 ) -> PyResult<&'a [T]> {
-    a.as_slice().map_err(|_| value_error(format!("{what} must be a C-contiguous array")))
+    a.as_slice()
+        .map_err(|_| value_error(format!("{what} must be a C-contiguous array")))
 }
 
 /// A weight matrix of `rows` rows × `cols` elements stored in a GGUF type, read in place.
@@ -47,23 +51,40 @@ impl QMatrix {
     fn weight(&self) -> Weight<'_> {
         // SAFETY: `_owner` keeps the read-only buffer alive and unmoved for self's lifetime.
         let data = unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) };
-        Weight { t: self.t, data, rows: self.rows, cols: self.cols }
+        Weight {
+            t: self.t,
+            data,
+            rows: self.rows,
+            cols: self.cols,
+        }
     }
 }
 
 #[pymethods]
 impl QMatrix {
     #[new]
-    fn new(data: PyReadonlyArray1<'_, u8>, ggml_type: u32, rows: usize, cols: usize) -> PyResult<Self> {
+    fn new(
+        data: PyReadonlyArray1<'_, u8>,
+        ggml_type: u32,
+        rows: usize,
+        cols: usize,
+    ) -> PyResult<Self> {
         let t = GgmlType::from_id(ggml_type)
             .ok_or_else(|| value_error(format!("unsupported ggml type id {ggml_type}")))?;
-        if cols == 0 || cols % t.block_len() != 0 {
-            return Err(value_error(format!("row length {cols} is not a multiple of {:?}'s block of {}", t, t.block_len())));
+        if cols == 0 || !cols.is_multiple_of(t.block_len()) {
+            return Err(value_error(format!(
+                "row length {cols} is not a multiple of {:?}'s block of {}",
+                t,
+                t.block_len()
+            )));
         }
         let bytes = contiguous(&data, "weight data")?;
         let expected = rows * t.row_bytes(cols);
         if bytes.len() != expected {
-            return Err(value_error(format!("{rows}x{cols} {t:?} needs {expected} bytes, got {}", bytes.len())));
+            return Err(value_error(format!(
+                "{rows}x{cols} {t:?} needs {expected} bytes, got {}",
+                bytes.len()
+            )));
         }
         Ok(Self {
             ptr: bytes.as_ptr() as usize,
@@ -77,7 +98,10 @@ impl QMatrix {
     }
 
     fn __repr__(&self) -> String {
-        format!("QMatrix({:?}, rows={}, cols={})", self.t, self.rows, self.cols)
+        format!(
+            "QMatrix({:?}, rows={}, cols={})",
+            self.t, self.rows, self.cols
+        )
     }
 }
 
@@ -94,7 +118,10 @@ fn matmul_many<'py>(
     }
     for w in &weights {
         if w.cols != cols {
-            return Err(value_error(format!("input has {cols} columns, weight expects {}", w.cols)));
+            return Err(value_error(format!(
+                "input has {cols} columns, weight expects {}",
+                w.cols
+            )));
         }
     }
     let xs = contiguous(&x, "x")?;
@@ -110,44 +137,71 @@ fn matmul_many<'py>(
     Ok(results
         .into_iter()
         .zip(&ws)
-        .map(|(b, w)| Array2::from_shape_vec((m, w.rows), b).unwrap().into_pyarray(py))
+        .map(|(b, w)| {
+            Array2::from_shape_vec((m, w.rows), b)
+                .unwrap()
+                .into_pyarray(py)
+        })
         .collect())
 }
 
 #[pyfunction]
 #[pyo3(name = "matmul")]
-fn py_matmul<'py>(py: Python<'py>, weight: PyRef<'py, QMatrix>, x: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+fn py_matmul<'py>(
+    py: Python<'py>,
+    weight: PyRef<'py, QMatrix>,
+    x: PyReadonlyArray2<'py, f32>,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
     Ok(matmul_many(py, vec![weight], x)?.pop().unwrap())
 }
 
 /// Dequantize the given rows of a weight (all rows when `ids` is None) to f32.
 #[pyfunction]
 #[pyo3(signature = (weight, ids=None))]
-fn get_rows<'py>(py: Python<'py>, weight: PyRef<'py, QMatrix>, ids: Option<PyReadonlyArray1<'py, i32>>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+fn get_rows<'py>(
+    py: Python<'py>,
+    weight: PyRef<'py, QMatrix>,
+    ids: Option<PyReadonlyArray1<'py, i32>>,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
     let w = weight.weight();
     let ids: Vec<i32> = match &ids {
         Some(a) => contiguous(a, "ids")?.to_vec(),
         None => (0..w.rows as i32).collect(),
     };
     if let Some(bad) = ids.iter().find(|&&i| i < 0 || i as usize >= w.rows) {
-        return Err(value_error(format!("row id {bad} out of range 0..{}", w.rows)));
+        return Err(value_error(format!(
+            "row id {bad} out of range 0..{}",
+            w.rows
+        )));
     }
     let out = py.detach(|| {
         let mut out = vec![0.0f32; ids.len() * w.cols];
         ops::get_rows(w.t, w.data, w.cols, &ids, &mut out);
         out
     });
-    Ok(Array2::from_shape_vec((ids.len(), w.cols), out).unwrap().into_pyarray(py))
+    Ok(Array2::from_shape_vec((ids.len(), w.cols), out)
+        .unwrap()
+        .into_pyarray(py))
 }
 
 /// RMSNorm over the last axis of a 2-D array (rows × n), optionally times a weight of length n.
 #[pyfunction]
 #[pyo3(signature = (x, weight, eps))]
-fn rms_norm<'py>(py: Python<'py>, x: PyReadonlyArray2<'py, f32>, weight: Option<PyReadonlyArray1<'py, f32>>, eps: f32) -> PyResult<Bound<'py, PyArray2<f32>>> {
+fn rms_norm<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray2<'py, f32>,
+    weight: Option<PyReadonlyArray1<'py, f32>>,
+    eps: f32,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
     let (rows, n) = (x.shape()[0], x.shape()[1]);
     let xs = contiguous(&x, "x")?;
     let ws = match &weight {
-        Some(w) if w.len() != n => return Err(value_error(format!("norm weight has {} elements, rows have {n}", w.len()))),
+        Some(w) if w.len() != n => {
+            return Err(value_error(format!(
+                "norm weight has {} elements, rows have {n}",
+                w.len()
+            )))
+        }
         Some(w) => Some(contiguous(w, "weight")?),
         None => None,
     };
@@ -156,28 +210,61 @@ fn rms_norm<'py>(py: Python<'py>, x: PyReadonlyArray2<'py, f32>, weight: Option<
         ops::rms_norm(xs, n, ws, eps, &mut out);
         out
     });
-    Ok(Array2::from_shape_vec((rows, n), out).unwrap().into_pyarray(py))
+    Ok(Array2::from_shape_vec((rows, n), out)
+        .unwrap()
+        .into_pyarray(py))
 }
 
 /// RoPE in place on x (rows × n_head·head_dim); `neox` selects the pair layout.
 #[pyfunction]
 #[pyo3(signature = (x, n_head, positions, n_rot, base, freq_scale=1.0, neox=true))]
 #[allow(clippy::too_many_arguments)]
-fn rope(py: Python<'_>, mut x: PyReadwriteArray2<'_, f32>, n_head: usize, positions: PyReadonlyArray1<'_, i32>, n_rot: usize, base: f32, freq_scale: f32, neox: bool) -> PyResult<()> {
+fn rope(
+    py: Python<'_>,
+    mut x: PyReadwriteArray2<'_, f32>,
+    n_head: usize,
+    positions: PyReadonlyArray1<'_, i32>,
+    n_rot: usize,
+    base: f32,
+    freq_scale: f32,
+    neox: bool,
+) -> PyResult<()> {
     let (rows, width) = (x.shape()[0], x.shape()[1]);
-    if n_head == 0 || width % n_head != 0 || n_rot > width / n_head || n_rot % 2 != 0 {
-        return Err(value_error(format!("bad rope shape: width {width}, {n_head} heads, n_rot {n_rot}")));
+    if n_head == 0
+        || !width.is_multiple_of(n_head)
+        || n_rot > width / n_head
+        || !n_rot.is_multiple_of(2)
+    {
+        return Err(value_error(format!(
+            "bad rope shape: width {width}, {n_head} heads, n_rot {n_rot}"
+        )));
     }
     if positions.len() != rows {
-        return Err(value_error(format!("{} positions for {rows} rows", positions.len())));
+        return Err(value_error(format!(
+            "{} positions for {rows} rows",
+            positions.len()
+        )));
     }
     let pos = contiguous(&positions, "positions")?;
-    let xs = x.as_slice_mut().map_err(|_| value_error("x must be C-contiguous"))?;
-    py.detach(|| ops::rope(xs, n_head, width / n_head, pos, n_rot, base, freq_scale, neox));
+    let xs = x
+        .as_slice_mut()
+        .map_err(|_| value_error("x must be C-contiguous"))?;
+    let params = ops::Rope {
+        n_rot,
+        base,
+        freq_scale,
+        neox,
+    };
+    py.detach(|| ops::rope(xs, n_head, width / n_head, pos, params));
     Ok(())
 }
 
-fn gated_unit<'py>(py: Python<'py>, gate: PyReadonlyArray2<'py, f32>, up: PyReadonlyArray2<'py, f32>, act: fn(f32) -> f32) -> PyResult<Bound<'py, PyArray2<f32>>> {
+fn gated_unit<'py>(
+    py: Python<'py>,
+    gate: PyReadonlyArray2<'py, f32>,
+    up: PyReadonlyArray2<'py, f32>,
+    act: fn(f32) -> f32,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
     if gate.shape() != up.shape() {
         return Err(value_error("gate and up must have the same shape"));
     }
@@ -188,31 +275,47 @@ fn gated_unit<'py>(py: Python<'py>, gate: PyReadonlyArray2<'py, f32>, up: PyRead
         ops::gated(g, u, act, &mut out);
         out
     });
-    Ok(Array2::from_shape_vec((rows, n), out).unwrap().into_pyarray(py))
+    Ok(Array2::from_shape_vec((rows, n), out)
+        .unwrap()
+        .into_pyarray(py))
 }
 
 /// `gelu(gate) * up` with ggml's fp16-table GELU (Gemma's GEGLU).
 #[pyfunction]
-fn geglu<'py>(py: Python<'py>, gate: PyReadonlyArray2<'py, f32>, up: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+fn geglu<'py>(
+    py: Python<'py>,
+    gate: PyReadonlyArray2<'py, f32>,
+    up: PyReadonlyArray2<'py, f32>,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
     gated_unit(py, gate, up, ops::gelu)
 }
 
 /// `silu(gate) * up` (SwiGLU).
 #[pyfunction]
-fn swiglu<'py>(py: Python<'py>, gate: PyReadonlyArray2<'py, f32>, up: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+fn swiglu<'py>(
+    py: Python<'py>,
+    gate: PyReadonlyArray2<'py, f32>,
+    up: PyReadonlyArray2<'py, f32>,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
     gated_unit(py, gate, up, ops::silu)
 }
 
 /// Elementwise GELU (fp16 table) of a 1-D array; for tests.
 #[pyfunction]
-fn gelu<'py>(py: Python<'py>, x: PyReadonlyArray1<'py, f32>) -> PyResult<Bound<'py, PyArray1<f32>>> {
+fn gelu<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray1<'py, f32>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let v: Vec<f32> = contiguous(&x, "x")?.iter().map(|&a| ops::gelu(a)).collect();
     Ok(Array1::from_vec(v).into_pyarray(py))
 }
 
 /// Elementwise SiLU of a 1-D array.
 #[pyfunction]
-fn silu<'py>(py: Python<'py>, x: PyReadonlyArray1<'py, f32>) -> PyResult<Bound<'py, PyArray1<f32>>> {
+fn silu<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray1<'py, f32>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let v: Vec<f32> = contiguous(&x, "x")?.iter().map(|&a| ops::silu(a)).collect();
     Ok(Array1::from_vec(v).into_pyarray(py))
 }
@@ -233,20 +336,38 @@ fn py_attention<'py>(
     let (rows, n_head, hd) = (q.shape()[0], q.shape()[1], q.shape()[2]);
     let (cache_len, n_kv) = (k.shape()[0], k.shape()[1]);
     if k.shape() != v.shape() || k.shape()[2] != hd || n_kv == 0 || n_head % n_kv != 0 {
-        return Err(value_error(format!("bad attention shapes q {:?} k {:?} v {:?}", q.shape(), k.shape(), v.shape())));
+        return Err(value_error(format!(
+            "bad attention shapes q {:?} k {:?} v {:?}",
+            q.shape(),
+            k.shape(),
+            v.shape()
+        )));
     }
     let pos = contiguous(&positions, "positions")?;
     if pos.len() != rows || pos.iter().any(|&p| p < 0 || p as usize >= cache_len) {
-        return Err(value_error(format!("positions must be {rows} values in 0..{cache_len}")));
+        return Err(value_error(format!(
+            "positions must be {rows} values in 0..{cache_len}"
+        )));
     }
-    let (qs, ks, vs) = (contiguous(&q, "q")?, contiguous(&k, "k")?, contiguous(&v, "v")?);
-    let shape = attention::AttentionShape { n_head, n_kv, head_dim: hd, window };
+    let (qs, ks, vs) = (
+        contiguous(&q, "q")?,
+        contiguous(&k, "k")?,
+        contiguous(&v, "v")?,
+    );
+    let shape = attention::AttentionShape {
+        n_head,
+        n_kv,
+        head_dim: hd,
+        window,
+    };
     let out = py.detach(|| {
         let mut out = vec![0.0f32; rows * n_head * hd];
         threads::run(|| attention::attention(qs, ks, vs, pos, &shape, &mut out));
         out
     });
-    Ok(Array3::from_shape_vec((rows, n_head, hd), out).unwrap().into_pyarray(py))
+    Ok(Array3::from_shape_vec((rows, n_head, hd), out)
+        .unwrap()
+        .into_pyarray(py))
 }
 
 #[pyfunction]

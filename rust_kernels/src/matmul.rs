@@ -2,7 +2,7 @@
 //! result never depends on the other rows in the batch (batch invariance). Weight rows are split
 //! into chunks across threads; a chunk stays in cache while every activation row passes over it.
 
-use crate::quant::{vec_dot, Activations, GgmlType};
+use crate::quant::{vec_dot, vec_dot_rows, Activations, GgmlType};
 use rayon::prelude::*;
 
 /// A weight matrix: `rows` rows of `cols` elements in GGUF bytes (`cols` along the blocks).
@@ -20,6 +20,9 @@ impl Weight<'_> {
         &self.data[r * rb..(r + 1) * rb]
     }
 }
+
+/// Activation rows that share one pass over each weight block (see `vec_dot_rows`).
+const TILE: usize = 4;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -39,13 +42,19 @@ pub fn matmul_many(ws: &[Weight], x: &[f32], m: usize, outs: &mut [&mut [f32]]) 
             formats.push(w.t.act_format());
         }
     }
-    let acts: Vec<(_, Activations)> = formats.iter().map(|&f| (f, Activations::quantize(f, x, cols))).collect();
+    let acts: Vec<(_, Activations)> = formats
+        .iter()
+        .map(|&f| (f, Activations::quantize(f, x, cols)))
+        .collect();
     let act_for = |t: GgmlType| &acts.iter().find(|(f, _)| *f == t.act_format()).unwrap().1;
 
     // Rows per task: enough work per task to hide scheduling, small enough to stay in L1/L2.
     let chunk = if m == 1 { 64 } else { 16 };
-    let tasks: Vec<(usize, usize)> =
-        ws.iter().enumerate().flat_map(|(wi, w)| (0..w.rows.div_ceil(chunk)).map(move |c| (wi, c * chunk))).collect();
+    let tasks: Vec<(usize, usize)> = ws
+        .iter()
+        .enumerate()
+        .flat_map(|(wi, w)| (0..w.rows.div_ceil(chunk)).map(move |c| (wi, c * chunk)))
+        .collect();
     let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
     for (w, o) in ws.iter().zip(outs.iter()) {
         assert_eq!(o.len(), m * w.rows);
@@ -55,10 +64,20 @@ pub fn matmul_many(ws: &[Weight], x: &[f32], m: usize, outs: &mut [&mut [f32]]) 
         let acts = act_for(w.t);
         let out = ptrs[wi];
         let end = (start + chunk).min(w.rows);
-        for r in 0..m {
+        // SAFETY (writes): (r, n) pairs are disjoint across tasks and within bounds (asserted above).
+        let mut r = 0;
+        while r + TILE <= m {
+            for n in start..end {
+                let vs = vec_dot_rows::<TILE>(w.t, w.row(n), acts, r);
+                for (i, v) in vs.into_iter().enumerate() {
+                    unsafe { *out.0.add((r + i) * w.rows + n) = v };
+                }
+            }
+            r += TILE;
+        }
+        for r in r..m {
             for n in start..end {
                 let v = vec_dot(w.t, w.row(n), acts, r);
-                // SAFETY: (r, n) pairs are disjoint across tasks and within bounds (asserted above).
                 unsafe { *out.0.add(r * w.rows + n) = v };
             }
         }

@@ -5,10 +5,11 @@ use crate::quant::{dequantize_row, GgmlType};
 use half::f16;
 use std::sync::OnceLock;
 
-/// `out = x / sqrt(mean(x²) + eps) [* w]` per row of `n`; the sum of squares in f64 as ggml does.
+/// `out = x / sqrt(mean(x²) + eps) [* w]` per row of `n`, with ggml's rounding steps.
 pub fn rms_norm(x: &[f32], n: usize, w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let sum: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        // ggml squares in f32, then accumulates in f64.
+        let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
         let mean = (sum / n as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
         match w {
@@ -40,18 +41,34 @@ fn rope_angles(pos: f32, n_rot: usize, base: f32, freq_scale: f32) -> Vec<(f32, 
         .collect()
 }
 
+/// Rotary embedding settings of one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Rope {
+    pub n_rot: usize,
+    pub base: f32,
+    pub freq_scale: f32,
+    /// pairs `(i, i + n_rot/2)` (NEOX) instead of adjacent pairs `(2i, 2i+1)`
+    pub neox: bool,
+}
+
 /// Rotary embedding in place on `x` = rows of `n_head * head_dim`, one position per row.
-/// `neox`: pairs `(i, i + n_rot/2)`; otherwise adjacent pairs `(2i, 2i+1)`. Dims past `n_rot` pass.
-pub fn rope(x: &mut [f32], n_head: usize, head_dim: usize, positions: &[i32], n_rot: usize, base: f32, freq_scale: f32, neox: bool) {
-    let half = n_rot / 2;
+/// Dims past `n_rot` pass through.
+pub fn rope(x: &mut [f32], n_head: usize, head_dim: usize, positions: &[i32], r: Rope) {
+    let (half, neox) = (r.n_rot / 2, r.neox);
     for (row, &p) in x.chunks_exact_mut(n_head * head_dim).zip(positions) {
-        let angles = rope_angles(p as f32, n_rot, base, freq_scale);
+        let angles = rope_angles(p as f32, r.n_rot, r.base, r.freq_scale);
         for head in row.chunks_exact_mut(head_dim) {
             for (i, &(c, s)) in angles.iter().enumerate() {
-                let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (a, b) = if neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
                 let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * c - x1 * s;
-                head[b] = x0 * s + x1 * c;
+                // The fused forms GCC emits for ggml's `x0*cos - x1*sin` / `x0*sin + x1*cos`
+                // (-ffp-contract=fast with FMA): matching them keeps K/V f16-identical to llama.cpp.
+                head[a] = x0.mul_add(c, -(x1 * s));
+                head[b] = x0.mul_add(s, x1 * c);
             }
         }
     }
@@ -60,14 +77,17 @@ pub fn rope(x: &mut [f32], n_head: usize, head_dim: usize, positions: &[i32], n_
 fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044715;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+    // `1 + A*x*x` fused as GCC compiles ggml's table initialiser (-ffp-contract=fast).
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
 /// ggml's CPU GELU: a 65536-entry table of f16(gelu(f)) indexed by the input rounded to f16.
 fn gelu_table() -> &'static [f32] {
     static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        (0..=u16::MAX).map(|b| f16::from_f32(gelu_tanh(f16::from_bits(b).to_f32())).to_f32()).collect()
+        (0..=u16::MAX)
+            .map(|b| f16::from_f32(gelu_tanh(f16::from_bits(b).to_f32())).to_f32())
+            .collect()
     })
 }
 

@@ -5,7 +5,11 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 fn slot() -> &'static RwLock<Arc<ThreadPool>> {
     static POOL: OnceLock<RwLock<Arc<ThreadPool>>> = OnceLock::new();
-    POOL.get_or_init(|| RwLock::new(Arc::new(build(std::thread::available_parallelism().map_or(1, |n| n.get())))))
+    POOL.get_or_init(|| {
+        RwLock::new(Arc::new(build(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        )))
+    })
 }
 
 fn build(n: usize) -> ThreadPool {

@@ -32,12 +32,30 @@ pub struct BlockQ8K {
 
 /// `rows` activation rows of `n` elements each, converted to one format.
 pub enum Activations {
-    F32 { data: Vec<f32>, n: usize },
-    F16 { data: Vec<u16>, n: usize },
-    BF16 { data: Vec<u16>, n: usize },
-    Q8_0 { blocks: Vec<BlockQ8_0>, per_row: usize },
-    Q8_1 { blocks: Vec<BlockQ8_1>, per_row: usize },
-    Q8K { blocks: Vec<BlockQ8K>, per_row: usize },
+    F32 {
+        data: Vec<f32>,
+        n: usize,
+    },
+    F16 {
+        data: Vec<u16>,
+        n: usize,
+    },
+    BF16 {
+        data: Vec<u16>,
+        n: usize,
+    },
+    Q8_0 {
+        blocks: Vec<BlockQ8_0>,
+        per_row: usize,
+    },
+    Q8_1 {
+        blocks: Vec<BlockQ8_1>,
+        per_row: usize,
+    },
+    Q8K {
+        blocks: Vec<BlockQ8K>,
+        per_row: usize,
+    },
 }
 
 impl Activations {
@@ -66,12 +84,30 @@ impl Activations {
         // Rows are independent; parallel only when there is enough work to pay for the dispatch.
         let parallel = rows * n >= 1 << 16;
         match fmt {
-            ActFormat::F32 => Self::F32 { data: x.to_vec(), n },
-            ActFormat::F16 => Self::F16 { data: x.iter().map(|&v| f16::from_f32(v).to_bits()).collect(), n },
-            ActFormat::BF16 => Self::BF16 { data: x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect(), n },
-            ActFormat::Q8_0 => Self::Q8_0 { blocks: map_blocks(x, 32, parallel, quantize_q8_0), per_row: n / 32 },
-            ActFormat::Q8_1 => Self::Q8_1 { blocks: map_blocks(x, 32, parallel, quantize_q8_1), per_row: n / 32 },
-            ActFormat::Q8K => Self::Q8K { blocks: map_blocks(x, 256, parallel, quantize_q8k), per_row: n / 256 },
+            ActFormat::F32 => Self::F32 {
+                data: x.to_vec(),
+                n,
+            },
+            ActFormat::F16 => Self::F16 {
+                data: x.iter().map(|&v| f16::from_f32(v).to_bits()).collect(),
+                n,
+            },
+            ActFormat::BF16 => Self::BF16 {
+                data: x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect(),
+                n,
+            },
+            ActFormat::Q8_0 => Self::Q8_0 {
+                blocks: map_blocks(x, 32, parallel, quantize_q8_0),
+                per_row: n / 32,
+            },
+            ActFormat::Q8_1 => Self::Q8_1 {
+                blocks: map_blocks(x, 32, parallel, quantize_q8_1),
+                per_row: n / 32,
+            },
+            ActFormat::Q8K => Self::Q8K {
+                blocks: map_blocks(x, 256, parallel, quantize_q8k),
+                per_row: n / 256,
+            },
         }
     }
 }
@@ -97,7 +133,10 @@ pub fn quantize_q8_0(x: &[f32]) -> BlockQ8_0 {
     for (q, &v) in qs.iter_mut().zip(x) {
         *q = (v * id).round_ties_even() as i8;
     }
-    BlockQ8_0 { d: f16::from_f32(d).to_f32(), qs }
+    BlockQ8_0 {
+        d: f16::from_f32(d).to_f32(),
+        qs,
+    }
 }
 
 /// Q8_1: Q8_0 plus `s = f16(d * sum(q))` with the unrounded `d`.
@@ -111,7 +150,11 @@ pub fn quantize_q8_1(x: &[f32]) -> BlockQ8_1 {
         *q = (v * id).round_ties_even() as i8;
         sum += *q as i32;
     }
-    BlockQ8_1 { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs }
+    BlockQ8_1 {
+        d: f16::from_f32(d).to_f32(),
+        s: f16::from_f32(d * sum as f32).to_f32(),
+        qs,
+    }
 }
 
 /// llama.cpp's reference Q8_K quantizer: signed max, `iscale = -127/max`, `d = 1/iscale` (f32).
@@ -124,7 +167,11 @@ pub fn quantize_q8k(x: &[f32]) -> BlockQ8K {
             max = v;
         }
     }
-    let mut b = BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] };
+    let mut b = BlockQ8K {
+        d: 0.0,
+        qs: [0; 256],
+        bsums: [0; 16],
+    };
     if amax == 0.0 {
         return b;
     }

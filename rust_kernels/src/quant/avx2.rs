@@ -6,27 +6,74 @@
 
 use super::act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
 use super::kquants::scales_mins;
-use super::{f16_at, Activations, GgmlType};
+use super::{Activations, GgmlType};
 use std::arch::x86_64::*;
 
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
+    vec_dot_rows::<1>(t, w, acts, r)[0]
+}
+
+/// One weight row against activation rows `r0 .. r0+R`. Each weight block is unpacked once and
+/// used for all R rows; every output sees exactly the operations of the one-row case, so the
+/// results are bit-identical to `vec_dot` (batch invariance).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_rows<const R: usize>(
+    t: GgmlType,
+    w: &[u8],
+    acts: &Activations,
+    r0: usize,
+) -> [f32; R] {
     match (t, acts) {
-        (GgmlType::F32, Activations::F32 { data, n }) => dot_f32(w, &data[r * n..(r + 1) * n]),
-        (GgmlType::F16, Activations::F16 { data, n }) => dot_f16(w, &data[r * n..(r + 1) * n]),
-        (GgmlType::BF16, Activations::BF16 { data, n }) => dot_bf16(w, &data[r * n..(r + 1) * n]),
-        (GgmlType::Q8_0, Activations::Q8_0 { .. }) => dot_q8_0(w, acts.q8_0_row(r)),
-        (GgmlType::Q4_0, Activations::Q8_0 { .. }) => dot_q4_0(w, acts.q8_0_row(r)),
-        (GgmlType::Q5_0, Activations::Q8_0 { .. }) => dot_q5_0(w, acts.q8_0_row(r)),
-        (GgmlType::Q4_1, Activations::Q8_1 { .. }) => dot_q4_1(w, acts.q8_1_row(r)),
-        (GgmlType::Q5_1, Activations::Q8_1 { .. }) => dot_q5_1(w, acts.q8_1_row(r)),
-        (GgmlType::Q4K, Activations::Q8K { .. }) => dot_q4k(w, acts.q8k_row(r)),
-        (GgmlType::Q5K, Activations::Q8K { .. }) => dot_q5k(w, acts.q8k_row(r)),
-        (GgmlType::Q6K, Activations::Q8K { .. }) => dot_q6k(w, acts.q8k_row(r)),
+        (GgmlType::F32, Activations::F32 { data, n }) => {
+            std::array::from_fn(|i| dot_f32(w, &data[(r0 + i) * n..(r0 + i + 1) * n]))
+        }
+        (GgmlType::F16, Activations::F16 { data, n }) => {
+            std::array::from_fn(|i| dot_f16(w, &data[(r0 + i) * n..(r0 + i + 1) * n]))
+        }
+        (GgmlType::BF16, Activations::BF16 { data, n }) => {
+            std::array::from_fn(|i| dot_bf16(w, &data[(r0 + i) * n..(r0 + i + 1) * n]))
+        }
+        (GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
+            dot_q8_0::<R>(w, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
+        }
+        (GgmlType::Q4_0, Activations::Q8_0 { .. }) => {
+            dot_q4_0::<R>(w, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
+        }
+        (GgmlType::Q5_0, Activations::Q8_0 { .. }) => {
+            dot_q5_0::<R>(w, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
+        }
+        (GgmlType::Q4_1, Activations::Q8_1 { .. }) => {
+            dot_q4_1::<R>(w, std::array::from_fn(|i| acts.q8_1_row(r0 + i)))
+        }
+        (GgmlType::Q5_1, Activations::Q8_1 { .. }) => {
+            dot_q5_1::<R>(w, std::array::from_fn(|i| acts.q8_1_row(r0 + i)))
+        }
+        (GgmlType::Q4K, Activations::Q8K { .. }) => {
+            dot_q45k::<false, R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+        }
+        (GgmlType::Q5K, Activations::Q8K { .. }) => {
+            dot_q45k::<true, R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+        }
+        (GgmlType::Q6K, Activations::Q8K { .. }) => {
+            dot_q6k::<R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+        }
         _ => panic!("activation format does not match weight type {t:?}"),
     }
+}
+
+/// One little-endian f16 at `b[off..off+2]` converted with F16C (half's converter is not inlined
+/// here and a call per block costs more than the block's arithmetic).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(b: &[u8], off: usize) -> f32 {
+    let bits = std::ptr::read_unaligned(b.as_ptr().add(off) as *const u16);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 #[inline]
@@ -53,19 +100,16 @@ unsafe fn nibbles32(p: *const u8) -> __m256i {
 unsafe fn bits32(x: u32) -> __m256i {
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(x as i32),
-        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+        _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0,
+        ),
     );
     // Every bit but bit (i % 8) set in byte i: OR gives all-ones exactly when that bit is set.
     let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
     _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
-}
-
-/// Sum of products of 32 signed bytes, as 8 i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
-    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
 /// Sum of products of 32 unsigned bytes (< 128) with 32 signed bytes, as 8 i32 lanes.
@@ -90,23 +134,32 @@ unsafe fn read_u32(p: *const u8) -> u32 {
 macro_rules! dot_vs_q8_0 {
     ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
         #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name(w: &[u8], y: &[BlockQ8_0]) -> f32 {
-            let mut acc = _mm256_setzero_ps();
-            for (i, yb) in y.iter().enumerate() {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const R: usize>(w: &[u8], ys: [&[BlockQ8_0]; R]) -> [f32; R] {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..ys[0].len() {
                 let $b = w.as_ptr().add(i * $bytes);
-                let d = f16_at(w, i * $bytes) * yb.d;
+                let dw = f16_at(w, i * $bytes);
                 let qx: __m256i = $load;
-                let p = _mm256_cvtepi32_ps(dot_i8(qx, load(yb.qs.as_ptr() as *const u8)));
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
+                let ax = _mm256_sign_epi8(qx, qx);
+                for r in 0..R {
+                    let yb = &ys[r][i];
+                    let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d), _mm256_cvtepi32_ps(p), acc[r]);
+                }
             }
-            hsum_ps(acc)
+            acc.map(|a| hsum_ps(a))
         }
     };
 }
 
 dot_vs_q8_0!(dot_q8_0, 34, |b| load(b.add(2)));
-dot_vs_q8_0!(dot_q4_0, 18, |b| _mm256_sub_epi8(nibbles32(b.add(2)), _mm256_set1_epi8(8)));
+dot_vs_q8_0!(dot_q4_0, 18, |b| _mm256_sub_epi8(
+    nibbles32(b.add(2)),
+    _mm256_set1_epi8(8)
+));
 // 5th bit clear -> set the top nibble, so the byte reads as (q - 16) in two's complement.
 dot_vs_q8_0!(dot_q5_0, 22, |b| _mm256_or_si256(
     nibbles32(b.add(6)),
@@ -116,19 +169,23 @@ dot_vs_q8_0!(dot_q5_0, 22, |b| _mm256_or_si256(
 macro_rules! dot_vs_q8_1 {
     ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
         #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name(w: &[u8], y: &[BlockQ8_1]) -> f32 {
-            let mut acc = _mm256_setzero_ps();
-            let mut mins = 0.0f32;
-            for (i, yb) in y.iter().enumerate() {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const R: usize>(w: &[u8], ys: [&[BlockQ8_1]; R]) -> [f32; R] {
+            let mut acc = [_mm256_setzero_ps(); R];
+            let mut mins = [0.0f32; R];
+            for i in 0..ys[0].len() {
                 let $b = w.as_ptr().add(i * $bytes);
-                let d = f16_at(w, i * $bytes) * yb.d;
-                mins += f16_at(w, i * $bytes + 2) * yb.s;
+                let (dw, mw) = (f16_at(w, i * $bytes), f16_at(w, i * $bytes + 2));
                 let qx: __m256i = $load;
-                let p = _mm256_cvtepi32_ps(dot_u8_i8(qx, load(yb.qs.as_ptr() as *const u8)));
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
+                for r in 0..R {
+                    let yb = &ys[r][i];
+                    mins[r] += mw * yb.s;
+                    let p = dot_u8_i8(qx, load(yb.qs.as_ptr() as *const u8));
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d), _mm256_cvtepi32_ps(p), acc[r]);
+                }
             }
-            hsum_ps(acc) + mins
+            std::array::from_fn(|r| hsum_ps(acc[r]) + mins[r])
         }
     };
 }
@@ -139,82 +196,98 @@ dot_vs_q8_1!(dot_q5_1, 24, |b| _mm256_or_si256(
     _mm256_and_si256(bits32(read_u32(b.add(4))), _mm256_set1_epi8(0x10))
 ));
 
+/// Q4_K and Q5_K share everything but the 5th bit (`HIGH`) and how llama.cpp accumulates the
+/// mins term (kept identical here): Q4_K in 4 float lanes, Q5_K in one fused scalar sum.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kquant_mins(b: &[u8], yb: &BlockQ8K) -> (i32, [u8; 8]) {
-    let (sc, m) = scales_mins(&b[4..16]);
-    let mut imins = 0i32;
-    for s in 0..8 {
-        imins += m[s] as i32 * (yb.bsums[2 * s] as i32 + yb.bsums[2 * s + 1] as i32);
-    }
-    (imins, sc)
-}
-
-/// Q4_K and Q5_K share everything but the 5th bit (`HIGH`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q45k<const HIGH: bool>(w: &[u8], y: &[BlockQ8K]) -> f32 {
+unsafe fn dot_q45k<const HIGH: bool, const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
     let bytes = if HIGH { 176 } else { 144 };
     let qs_at = if HIGH { 48 } else { 16 };
     let m4 = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0.0f32;
-    for (i, yb) in y.iter().enumerate() {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut mins4 = [[0.0f32; 4]; R];
+    let mut mins1 = [0.0f32; R];
+    for i in 0..ys[0].len() {
         let b = &w[i * bytes..(i + 1) * bytes];
-        let (imins, sc) = kquant_mins(b, yb);
-        mins += f16_at(b, 2) * yb.d * imins as f32;
-        let qh = if HIGH { load(b.as_ptr().add(16)) } else { _mm256_setzero_si256() };
-        let q8 = yb.qs.as_ptr() as *const u8;
-        let mut sumi = _mm256_setzero_si256();
+        let (sc, m) = scales_mins(&b[4..16]);
+        let (dw, dminw) = (f16_at(b, 0), f16_at(b, 2));
+        for r in 0..R {
+            let y = &ys[r][i];
+            let neg_dmin = -y.d * dminw;
+            let pair = |s: usize| m[s] as i32 * (y.bsums[2 * s] as i32 + y.bsums[2 * s + 1] as i32);
+            if HIGH {
+                mins1[r] = neg_dmin.mul_add((0..8).map(pair).sum::<i32>() as f32, mins1[r]);
+            } else {
+                for (k, lane) in mins4[r].iter_mut().enumerate() {
+                    *lane = neg_dmin.mul_add((pair(2 * k) + pair(2 * k + 1)) as f32, *lane);
+                }
+            }
+        }
+        let qh = if HIGH {
+            load(b.as_ptr().add(16))
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut sumi = [_mm256_setzero_si256(); R];
         for c in 0..4 {
             let raw = load(b.as_ptr().add(qs_at + 32 * c));
             let mut lo = _mm256_and_si256(raw, m4);
             let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
             if HIGH {
-                let shift_lo = _mm_cvtsi32_si128(2 * c as i32);
-                let shift_hi = _mm_cvtsi32_si128(2 * c as i32 + 1);
-                let bit_lo = _mm256_and_si256(_mm256_srl_epi16(qh, shift_lo), one);
-                let bit_hi = _mm256_and_si256(_mm256_srl_epi16(qh, shift_hi), one);
+                let bit_lo =
+                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), one);
+                let bit_hi = _mm256_and_si256(
+                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)),
+                    one,
+                );
                 lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bit_lo));
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16::<4>(bit_hi));
             }
-            let plo = _mm256_maddubs_epi16(lo, load(q8.add(64 * c)));
-            let phi = _mm256_maddubs_epi16(hi, load(q8.add(64 * c + 32)));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16)));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16)));
+            let (s_lo, s_hi) = (
+                _mm256_set1_epi16(sc[2 * c] as i16),
+                _mm256_set1_epi16(sc[2 * c + 1] as i16),
+            );
+            for r in 0..R {
+                let q8 = ys[r][i].qs.as_ptr() as *const u8;
+                let plo = _mm256_maddubs_epi16(lo, load(q8.add(64 * c)));
+                let phi = _mm256_maddubs_epi16(hi, load(q8.add(64 * c + 32)));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(plo, s_lo));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(phi, s_hi));
+            }
         }
-        let d = f16_at(b, 0) * yb.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        for r in 0..R {
+            let d = dw * ys[r][i].d;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
     }
-    hsum_ps(acc) - mins
+    std::array::from_fn(|r| {
+        let m = &mins4[r];
+        hsum_ps(acc[r])
+            + if HIGH {
+                mins1[r]
+            } else {
+                (m[0] + m[2]) + (m[1] + m[3])
+            }
+    })
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4k(w: &[u8], y: &[BlockQ8K]) -> f32 {
-    dot_q45k::<false>(w, y)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5k(w: &[u8], y: &[BlockQ8K]) -> f32 {
-    dot_q45k::<true>(w, y)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6k(w: &[u8], y: &[BlockQ8K]) -> f32 {
+unsafe fn dot_q6k<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(0x03);
-    let mut acc = _mm256_setzero_ps();
-    for (i, yb) in y.iter().enumerate() {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for i in 0..ys[0].len() {
         let b = &w[i * 210..(i + 1) * 210];
         let scales: [i8; 16] = std::array::from_fn(|k| b[192 + k] as i8);
         // The -32 offset, folded into the exact integer sum through the Q8_K block sums.
-        let offset: i32 = (0..16).map(|k| scales[k] as i32 * yb.bsums[k] as i32).sum();
-        let mut sumi = _mm256_setr_epi32(-32 * offset, 0, 0, 0, 0, 0, 0, 0);
-        let q8 = yb.qs.as_ptr() as *const u8;
+        let mut sumi: [__m256i; R] = std::array::from_fn(|r| {
+            let offset: i32 = (0..16)
+                .map(|k| scales[k] as i32 * ys[r][i].bsums[k] as i32)
+                .sum();
+            _mm256_setr_epi32(-32 * offset, 0, 0, 0, 0, 0, 0, 0)
+        });
         for n in 0..2 {
             let a = load(b.as_ptr().add(64 * n));
             let c = load(b.as_ptr().add(64 * n + 32));
@@ -222,37 +295,51 @@ unsafe fn dot_q6k(w: &[u8], y: &[BlockQ8K]) -> f32 {
             let quads = [
                 _mm256_or_si256(_mm256_and_si256(a, m4), q6_high_bits(h, 0, m3)),
                 _mm256_or_si256(_mm256_and_si256(c, m4), q6_high_bits(h, 2, m3)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(a), m4), q6_high_bits(h, 4, m3)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(c), m4), q6_high_bits(h, 6, m3)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
+                    q6_high_bits(h, 4, m3),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4),
+                    q6_high_bits(h, 6, m3),
+                ),
             ];
             for (j, q) in quads.iter().enumerate() {
-                let p = _mm256_maddubs_epi16(*q, load(q8.add(128 * n + 32 * j)));
                 let k = 8 * n + 2 * j;
                 let sv = _mm256_set_m128i(
                     _mm_set1_epi16(scales[k + 1] as i16),
                     _mm_set1_epi16(scales[k] as i16),
                 );
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sv));
+                for r in 0..R {
+                    let q8 = ys[r][i].qs.as_ptr() as *const u8;
+                    let p = _mm256_maddubs_epi16(*q, load(q8.add(128 * n + 32 * j)));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sv));
+                }
             }
         }
-        let d = f16_at(b, 208) * yb.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        for r in 0..R {
+            let d = f16_at(b, 208) * ys[r][i].d;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
     }
-    hsum_ps(acc)
+    std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
 /// Bits `s, s+1` of each byte of `h`, moved to bits 4-5.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_high_bits(h: __m256i, s: i32, m3: __m256i) -> __m256i {
-    _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(s)), m3))
+    _mm256_slli_epi16::<4>(_mm256_and_si256(
+        _mm256_srl_epi16(h, _mm_cvtsi32_si128(s)),
+        m3,
+    ))
 }
 
 /// Float rows: four 8-lane accumulators over 32-element steps, a scalar tail, like ggml.
 macro_rules! dot_float {
     ($name:ident, $wt:ty, $at:ty, |$p:ident| $load_w:expr, |$q:ident| $load_a:expr, $scalar_w:expr, $scalar_a:expr) => {
         #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name(w: &[u8], a: &[$at]) -> f32 {
             let n = a.len();
             let wp = w.as_ptr() as *const $wt;
@@ -298,9 +385,33 @@ fn bf16_bits_to_f32(v: u16) -> f32 {
     half::bf16::from_bits(v).to_f32()
 }
 
-dot_float!(dot_f32, f32, f32, |p| _mm256_loadu_ps(p), |q| _mm256_loadu_ps(q), |v: f32| v, |v: f32| v);
-dot_float!(dot_f16, u16, u16, |p| load_f16x8(p), |q| load_f16x8(q), f16_bits_to_f32, f16_bits_to_f32);
-dot_float!(dot_bf16, u16, u16, |p| load_bf16x8(p), |q| load_bf16x8(q), bf16_bits_to_f32, bf16_bits_to_f32);
+dot_float!(
+    dot_f32,
+    f32,
+    f32,
+    |p| _mm256_loadu_ps(p),
+    |q| _mm256_loadu_ps(q),
+    |v: f32| v,
+    |v: f32| v
+);
+dot_float!(
+    dot_f16,
+    u16,
+    u16,
+    |p| load_f16x8(p),
+    |q| load_f16x8(q),
+    f16_bits_to_f32,
+    f16_bits_to_f32
+);
+dot_float!(
+    dot_bf16,
+    u16,
+    u16,
+    |p| load_bf16x8(p),
+    |q| load_bf16x8(q),
+    bf16_bits_to_f32,
+    bf16_bits_to_f32
+);
 
 /// `sum(a[i] * f16(b[i]))` for attention scores.
 ///
@@ -314,7 +425,11 @@ pub unsafe fn dot_f32_f16(a: &[f32], b: &[u16]) -> f32 {
     for s in 0..steps {
         for (k, accum) in acc.iter_mut().enumerate() {
             let off = 16 * s + 8 * k;
-            *accum = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(off)), load_f16x8(b.as_ptr().add(off)), *accum);
+            *accum = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(off)),
+                load_f16x8(b.as_ptr().add(off)),
+                *accum,
+            );
         }
     }
     let mut sum = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
@@ -335,7 +450,10 @@ pub unsafe fn axpy_f16(y: &mut [f32], alpha: f32, x: &[u16]) {
     let steps = n / 8;
     for s in 0..steps {
         let p = y.as_mut_ptr().add(8 * s);
-        _mm256_storeu_ps(p, _mm256_fmadd_ps(va, load_f16x8(x.as_ptr().add(8 * s)), _mm256_loadu_ps(p)));
+        _mm256_storeu_ps(
+            p,
+            _mm256_fmadd_ps(va, load_f16x8(x.as_ptr().add(8 * s)), _mm256_loadu_ps(p)),
+        );
     }
     for i in 8 * steps..n {
         y[i] += alpha * f16_bits_to_f32(x[i]);

@@ -19,7 +19,11 @@ pub fn scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
 /// The 256 unsigned quant values of a Q4_K/Q5_K block (0..15 or 0..31).
 fn q45_values(t: GgmlType, b: &[u8]) -> [u8; 256] {
     let mut q = [0u8; 256];
-    let (qs, qh) = if t == GgmlType::Q4K { (&b[16..144], None) } else { (&b[48..176], Some(&b[16..48])) };
+    let (qs, qh) = if t == GgmlType::Q4K {
+        (&b[16..144], None)
+    } else {
+        (&b[48..176], Some(&b[16..48]))
+    };
     for c in 0..4 {
         for l in 0..32 {
             let byte = qs[32 * c + l];
@@ -53,7 +57,10 @@ pub fn q6_values(b: &[u8]) -> [u8; 256] {
 }
 
 pub fn dequantize(t: GgmlType, row: &[u8], out: &mut [f32]) {
-    for (b, o) in row.chunks_exact(t.block_bytes()).zip(out.chunks_exact_mut(256)) {
+    for (b, o) in row
+        .chunks_exact(t.block_bytes())
+        .zip(out.chunks_exact_mut(256))
+    {
         if t == GgmlType::Q6K {
             let d = f16_at(b, 208);
             let q = q6_values(b);
@@ -80,7 +87,9 @@ pub fn vec_dot(t: GgmlType, w: &[u8], y: &[BlockQ8K]) -> f32 {
             let q = q6_values(b);
             let mut isum = 0i32;
             for k in 0..16 {
-                let s: i32 = (16 * k..16 * k + 16).map(|e| (q[e] as i32 - 32) * yb.qs[e] as i32).sum();
+                let s: i32 = (16 * k..16 * k + 16)
+                    .map(|e| (q[e] as i32 - 32) * yb.qs[e] as i32)
+                    .sum();
                 isum += (b[192 + k] as i8 as i32) * s;
             }
             sum += f16_at(b, 208) * yb.d * isum as f32;
@@ -90,7 +99,9 @@ pub fn vec_dot(t: GgmlType, w: &[u8], y: &[BlockQ8K]) -> f32 {
             let mut isum = 0i32;
             let mut imins = 0i32;
             for s in 0..8 {
-                let part: i32 = (32 * s..32 * s + 32).map(|e| q[e] as i32 * yb.qs[e] as i32).sum();
+                let part: i32 = (32 * s..32 * s + 32)
+                    .map(|e| q[e] as i32 * yb.qs[e] as i32)
+                    .sum();
                 isum += sc[s] as i32 * part;
                 imins += m[s] as i32 * (yb.bsums[2 * s] as i32 + yb.bsums[2 * s + 1] as i32);
             }

@@ -18,7 +18,11 @@ pub fn unpack(t: GgmlType, b: &[u8]) -> (f32, f32, [i32; 32]) {
             (f16_at(b, 0), 0.0, q)
         }
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
-            let (qs, offset, m) = if t == GgmlType::Q4_0 { (&b[2..18], 8, 0.0) } else { (&b[4..20], 0, f16_at(b, 2)) };
+            let (qs, offset, m) = if t == GgmlType::Q4_0 {
+                (&b[2..18], 8, 0.0)
+            } else {
+                (&b[4..20], 0, f16_at(b, 2))
+            };
             for j in 0..16 {
                 q[j] = (qs[j] & 15) as i32 - offset;
                 q[j + 16] = (qs[j] >> 4) as i32 - offset;
@@ -26,8 +30,11 @@ pub fn unpack(t: GgmlType, b: &[u8]) -> (f32, f32, [i32; 32]) {
             (f16_at(b, 0), m, q)
         }
         GgmlType::Q5_0 | GgmlType::Q5_1 => {
-            let (qh_at, qs_at, offset, m) =
-                if t == GgmlType::Q5_0 { (2, 6, 16, 0.0) } else { (4, 8, 0, f16_at(b, 2)) };
+            let (qh_at, qs_at, offset, m) = if t == GgmlType::Q5_0 {
+                (2, 6, 16, 0.0)
+            } else {
+                (4, 8, 0, f16_at(b, 2))
+            };
             let qh = u32::from_le_bytes([b[qh_at], b[qh_at + 1], b[qh_at + 2], b[qh_at + 3]]);
             let qs = &b[qs_at..qs_at + 16];
             for j in 0..16 {
@@ -43,7 +50,10 @@ pub fn unpack(t: GgmlType, b: &[u8]) -> (f32, f32, [i32; 32]) {
 }
 
 pub fn dequantize(t: GgmlType, row: &[u8], out: &mut [f32]) {
-    for (b, o) in row.chunks_exact(t.block_bytes()).zip(out.chunks_exact_mut(32)) {
+    for (b, o) in row
+        .chunks_exact(t.block_bytes())
+        .zip(out.chunks_exact_mut(32))
+    {
         let (d, m, q) = unpack(t, b);
         for (x, &v) in o.iter_mut().zip(&q) {
             *x = d * v as f32 + m;

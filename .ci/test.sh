@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The project's test command (README): install, lint, Rust tests, Python tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash .ci/install.sh --test
+CACHE="${HYSERVE_CACHE:-$HOME/.cache/hyserve}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/cargo-target}"
+PY="${PYTHON:-python3}"
+
+"$PY" -m ruff check service tests bench clients
+"$PY" -m ruff format --check service tests bench clients
+(cd rust_kernels && cargo clippy --all-targets -q -- -D warnings && cargo test -q --release)
+"$PY" -m pytest -q -p no:cacheprovider tests "$@"

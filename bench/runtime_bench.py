@@ -1,0 +1,181 @@
+"""CPU runtime benchmark: hyserve vs llama.cpp (llama-cpp-python) on the same GGUF, same threads.
+
+Measures, in one run and one process: model load time, prompt processing tok/s on a 512-token
+prompt, and greedy generation tok/s over 128 tokens. Prints JSON with the ratios (ours / llama.cpp)
+and writes JSON + a PNG bar chart.
+
+    python bench/runtime_bench.py [--model default|PATH] [--threads 2] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+PROMPT_SEED_TEXT = (
+    "The history of computing is a story of abstraction layered on abstraction. Early machines were "
+    "programmed by rewiring panels; later, stored programs let the same hardware run many tasks. "
+)
+
+
+def best_of(repeats: int, fn: Callable[[], float]) -> tuple[float, list[float]]:
+    """Run fn (which returns seconds) `repeats` times; report the median and all samples."""
+    samples = [fn() for _ in range(repeats)]
+    return statistics.median(samples), samples
+
+
+def prompt_tokens(tokenize: Callable[[str], list[int]], n: int) -> list[int]:
+    text = PROMPT_SEED_TEXT
+    while len(tokenize(text)) < n:
+        text += PROMPT_SEED_TEXT
+    return tokenize(text)[:n]
+
+
+def bench_hyserve(model_arg: str, threads: int, n_prompt: int, n_gen: int, repeats: int) -> dict:
+    import hyserve_kernels as hk
+    from hyserve.model.architectures.base import Logits, Segment
+    from hyserve.model.loader import load_model
+
+    hk.set_num_threads(threads)
+    start = time.perf_counter()
+    model = load_model(model_arg)
+    load_s = time.perf_counter() - start
+    arch = model.arch
+    tokens = prompt_tokens(lambda s: model.tokenizer.encode(s), n_prompt)
+
+    def pp() -> float:
+        mem = arch.new_memory(n_prompt + n_gen + 8)
+        t = time.perf_counter()
+        arch.forward([Segment(mem, np.asarray(tokens, np.int32), Logits.LAST)])
+        return time.perf_counter() - t
+
+    def tg() -> float:
+        mem = arch.new_memory(n_prompt + n_gen + 8)
+        logits = arch.forward([Segment(mem, np.asarray(tokens[:16], np.int32), Logits.LAST)])[0]
+        t = time.perf_counter()
+        for _ in range(n_gen):
+            tok = int(np.argmax(logits))
+            logits = arch.forward([Segment(mem, np.array([tok], np.int32), Logits.LAST)])[0]
+        return time.perf_counter() - t
+
+    pp()  # warm-up: page in the weights
+    pp_s, pp_all = best_of(repeats, pp)
+    tg_s, tg_all = best_of(repeats, tg)
+    return {
+        "load_s": load_s,
+        "prompt_tok_s": n_prompt / pp_s,
+        "gen_tok_s": n_gen / tg_s,
+        "prompt_samples_s": pp_all,
+        "gen_samples_s": tg_all,
+        "simd": hk.simd_path(),
+    }
+
+
+def bench_llama_cpp(path: str, threads: int, n_prompt: int, n_gen: int, repeats: int) -> dict:
+    import llama_cpp
+
+    start = time.perf_counter()
+    llm = llama_cpp.Llama(path, n_ctx=n_prompt + n_gen + 8, n_batch=512, n_threads=threads, verbose=False)
+    load_s = time.perf_counter() - start
+    n_vocab = llm.n_vocab()
+    tokens = prompt_tokens(lambda s: llm.tokenize(s.encode(), add_bos=True), n_prompt)
+
+    def last_logits() -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+
+    def pp() -> float:
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(tokens)
+        return time.perf_counter() - t
+
+    def tg() -> float:
+        llm.reset()
+        llm.eval(tokens[:16])
+        t = time.perf_counter()
+        for _ in range(n_gen):
+            llm.eval([int(np.argmax(last_logits()))])
+        return time.perf_counter() - t
+
+    pp()
+    pp_s, pp_all = best_of(repeats, pp)
+    tg_s, tg_all = best_of(repeats, tg)
+    return {
+        "load_s": load_s,
+        "prompt_tok_s": n_prompt / pp_s,
+        "gen_tok_s": n_gen / tg_s,
+        "prompt_samples_s": pp_all,
+        "gen_samples_s": tg_all,
+        "version": llama_cpp.__version__,
+    }
+
+
+def draw(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("prompt_tok_s", "prompt tok/s"), ("gen_tok_s", "generation tok/s"), ("load_s", "load s")]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
+    for ax, (key, label) in zip(axes, metrics):
+        vals = [result["hyserve"][key], result["llama_cpp"][key]]
+        bars = ax.bar(["hyserve", "llama.cpp"], vals, color=["#2a7ab0", "#999999"])
+        ax.bar_label(bars, fmt="%.2f" if key == "load_s" else "%.0f")
+        ax.set_title(f"{label} (ratio {result['ratios'][key]:.2f}x)")
+    fig.suptitle(
+        f"{result['model']} · {result['threads']} threads · "
+        f"{result['n_prompt']}-token prompt, {result['n_gen']} generated"
+    )
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-prompt", type=int, default=512)
+    ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--name", default="runtime_gemma3_270m")
+    args = ap.parse_args()
+
+    from hyserve.model.loader import resolve_model_path
+
+    path = str(resolve_model_path(args.model))
+    llama = bench_llama_cpp(path, args.threads, args.n_prompt, args.n_gen, args.repeats)
+    ours = bench_hyserve(args.model, args.threads, args.n_prompt, args.n_gen, args.repeats)
+    result = {
+        "model": Path(path).name,
+        "threads": args.threads,
+        "n_prompt": args.n_prompt,
+        "n_gen": args.n_gen,
+        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "hyserve": ours,
+        "llama_cpp": llama,
+        # > 1 means hyserve is faster (for load: llama.cpp's time / ours, so > 1 is also better)
+        "ratios": {
+            "prompt_tok_s": ours["prompt_tok_s"] / llama["prompt_tok_s"],
+            "gen_tok_s": ours["gen_tok_s"] / llama["gen_tok_s"],
+            "load_s": llama["load_s"] / ours["load_s"],
+        },
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    draw(result, args.out / f"{args.name}.png")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

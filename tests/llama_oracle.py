@@ -1,0 +1,78 @@
+"""llama.cpp (llama-cpp-python's low-level API) as the test oracle: per-position logits for a
+token sequence, with the CPU settings pinned so the reference is reproducible:
+
+- flash attention off (the F16 KV-cache path with tinyBLAS products);
+- `repack`: llama.cpp's AVX2 weight repacking (on by default in llama.cpp) interleaves Q4_K/Q5_K/
+  Q6_K rows into 8-row tiles whose kernels sum in a different float order than its plain
+  `vec_dot` kernels. Off, llama.cpp's matmuls use the same order as hyserve's kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+llama_cpp = __import__("pytest").importorskip("llama_cpp", reason="llama-cpp-python (the oracle) is not installed")
+
+
+class LlamaOracle:
+    def __init__(self, path: Path, n_ctx: int = 2048, n_batch: int = 512, repack: bool = False, threads: int = 2):
+        llama_cpp.llama_backend_init()
+        mp = llama_cpp.llama_model_default_params()
+        mp.use_extra_bufts = repack
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_batch
+        cp.n_ubatch = n_batch
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cp)
+        self.n_batch = n_batch
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        """Logits after every position (teacher-forced), evaluated in batches of n_batch."""
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+        out = np.empty((len(tokens), self.n_vocab), dtype=np.float32)
+        for start in range(0, len(tokens), self.n_batch):
+            part = tokens[start : start + self.n_batch]
+            batch = llama_cpp.llama_batch_init(len(part), 0, 1)
+            try:
+                for i, t in enumerate(part):
+                    batch.token[i] = t
+                    batch.pos[i] = start + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = 1
+                batch.n_tokens = len(part)
+                if llama_cpp.llama_decode(self.ctx, batch) != 0:
+                    raise RuntimeError("llama_decode failed")
+                for i in range(len(part)):
+                    ptr = llama_cpp.llama_get_logits_ith(self.ctx, i)
+                    row = ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float))
+                    out[start + i] = np.ctypeslib.as_array(row, shape=(self.n_vocab,))
+            finally:
+                llama_cpp.llama_batch_free(batch)
+        return out
+
+    def close(self) -> None:
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def kl_per_position(reference: np.ndarray, ours: np.ndarray) -> np.ndarray:
+    """KL(reference || ours) in nats at every position."""
+    lp, lq = log_softmax(reference), log_softmax(ours)
+    return (np.exp(lp) * (lp - lq)).sum(-1)
