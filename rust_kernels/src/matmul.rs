@@ -2,7 +2,7 @@
 //! result never depends on the other rows in the batch (batch invariance). Weight rows are split
 //! into chunks across threads; a chunk stays in cache while every activation row passes over it.
 
-use crate::quant::{vec_dot, vec_dot_rows, Activations, GgmlType};
+use crate::quant::{vec_dot, vec_dot_4rows, vec_dot_rows, Activations, GgmlType};
 use rayon::prelude::*;
 
 /// A weight matrix: `rows` rows of `cols` elements in GGUF bytes (`cols` along the blocks).
@@ -76,7 +76,18 @@ pub fn matmul_many(ws: &[Weight], x: &[f32], m: usize, outs: &mut [&mut [f32]]) 
             r += TILE;
         }
         for r in r..m {
-            for n in start..end {
+            let mut n = start;
+            while n + 4 <= end {
+                let Some(vs) = vec_dot_4rows(w.t, std::array::from_fn(|i| w.row(n + i)), acts, r)
+                else {
+                    break;
+                };
+                for (i, v) in vs.into_iter().enumerate() {
+                    unsafe { *out.0.add(r * w.rows + n + i) = v };
+                }
+                n += 4;
+            }
+            for n in n..end {
                 let v = vec_dot(w.t, w.row(n), acts, r);
                 unsafe { *out.0.add(r * w.rows + n) = v };
             }

@@ -20,6 +20,31 @@ pub unsafe fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f3
 /// used for all R rows; every output sees exactly the operations of the one-row case, so the
 /// results are bit-identical to `vec_dot` (batch invariance).
 ///
+/// Four weight rows against one activation row, for the Q8_0-activation types (`None` for others):
+/// independent accumulators keep more loads in flight in matrix-vector products.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_4rows(
+    t: GgmlType,
+    ws: [&[u8]; 4],
+    acts: &Activations,
+    r: usize,
+) -> Option<[f32; 4]> {
+    let y = [match acts {
+        Activations::Q8_0 { .. } => acts.q8_0_row(r),
+        _ => return None,
+    }];
+    let out = match t {
+        GgmlType::Q8_0 => dot_q8_0::<4, 1>(ws, y),
+        GgmlType::Q4_0 => dot_q4_0::<4, 1>(ws, y),
+        GgmlType::Q5_0 => dot_q5_0::<4, 1>(ws, y),
+        _ => return None,
+    };
+    Some(out.map(|o| o[0]))
+}
+
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -40,13 +65,13 @@ pub unsafe fn vec_dot_rows<const R: usize>(
             std::array::from_fn(|i| dot_bf16(w, &data[(r0 + i) * n..(r0 + i + 1) * n]))
         }
         (GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
-            dot_q8_0::<R>(w, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
+            dot_q8_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
         }
         (GgmlType::Q4_0, Activations::Q8_0 { .. }) => {
-            dot_q4_0::<R>(w, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
+            dot_q4_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
         }
         (GgmlType::Q5_0, Activations::Q8_0 { .. }) => {
-            dot_q5_0::<R>(w, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
+            dot_q5_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
         }
         (GgmlType::Q4_1, Activations::Q8_1 { .. }) => {
             dot_q4_1::<R>(w, std::array::from_fn(|i| acts.q8_1_row(r0 + i)))
@@ -133,24 +158,34 @@ unsafe fn read_u32(p: *const u8) -> u32 {
 
 macro_rules! dot_vs_q8_0 {
     ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
+        /// W weight rows against R activation rows; each output keeps the one-row operation order.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name<const R: usize>(w: &[u8], ys: [&[BlockQ8_0]; R]) -> [f32; R] {
-            let mut acc = [_mm256_setzero_ps(); R];
+        unsafe fn $name<const W: usize, const R: usize>(
+            ws: [&[u8]; W],
+            ys: [&[BlockQ8_0]; R],
+        ) -> [[f32; R]; W] {
+            let mut acc = [[_mm256_setzero_ps(); R]; W];
             for i in 0..ys[0].len() {
-                let $b = w.as_ptr().add(i * $bytes);
-                let dw = f16_at(w, i * $bytes);
-                let qx: __m256i = $load;
-                let ax = _mm256_sign_epi8(qx, qx);
-                for r in 0..R {
-                    let yb = &ys[r][i];
-                    let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-                    acc[r] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d), _mm256_cvtepi32_ps(p), acc[r]);
+                for w in 0..W {
+                    let $b = ws[w].as_ptr().add(i * $bytes);
+                    let dw = f16_at(ws[w], i * $bytes);
+                    let qx: __m256i = $load;
+                    let ax = _mm256_sign_epi8(qx, qx);
+                    for r in 0..R {
+                        let yb = &ys[r][i];
+                        let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
+                        let p =
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+                        acc[w][r] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(dw * yb.d),
+                            _mm256_cvtepi32_ps(p),
+                            acc[w][r],
+                        );
+                    }
                 }
             }
-            acc.map(|a| hsum_ps(a))
+            std::array::from_fn(|w| std::array::from_fn(|r| hsum_ps(acc[w][r])))
         }
     };
 }

@@ -144,6 +144,24 @@ pub fn vec_dot_rows<const R: usize>(
     std::array::from_fn(|i| vec_dot_scalar(t, w, acts, r0 + i))
 }
 
+/// Four weight rows against activation row `r` where a fused kernel exists (bit-identical to four
+/// `vec_dot` calls); `None` otherwise.
+#[inline]
+pub fn vec_dot_4rows(
+    t: GgmlType,
+    ws: [&[u8]; 4],
+    acts: &Activations,
+    r: usize,
+) -> Option<[f32; 4]> {
+    #[cfg(target_arch = "x86_64")]
+    if simd::use_avx2() {
+        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::vec_dot_4rows(t, ws, acts, r) };
+    }
+    let _ = (t, ws, acts, r);
+    None
+}
+
 /// The portable reference path (also the one used on CPUs without AVX2).
 pub fn vec_dot_scalar(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
     match (t, acts) {
