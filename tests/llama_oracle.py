@@ -17,8 +17,14 @@ import numpy as np
 llama_cpp = __import__("pytest").importorskip("llama_cpp", reason="llama-cpp-python (the oracle) is not installed")
 
 
+@llama_cpp.llama_log_callback
+def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp logs every tensor at load; tests only need its errors, which surface as exceptions."""
+
+
 class LlamaOracle:
     def __init__(self, path: Path, n_ctx: int = 2048, n_batch: int = 512, repack: bool = False, threads: int = 2):
+        llama_cpp.llama_log_set(_quiet, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         mp = llama_cpp.llama_model_default_params()
         mp.use_extra_bufts = repack
