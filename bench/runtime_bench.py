@@ -41,6 +41,7 @@ def prompt_tokens(tokenize: Callable[[str], list[int]], n: int) -> list[int]:
 
 def bench_hyserve(model_arg: str, threads: int, n_prompt: int, n_gen: int, repeats: int) -> dict:
     import hyserve_kernels as hk
+
     from hyserve.model.architectures.base import Logits, Segment
     from hyserve.model.loader import load_model
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 from hyserve.model.loader import load_model
 from hyserve.model.weights import WeightLoader

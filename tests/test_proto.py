@@ -24,6 +24,7 @@ import grpc
 import pytest
 from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import FieldDescriptor
+
 from hyserve.api import codegen
 from hyserve.api.gen import hyserve_pb2 as server_pb
 from hyserve_client import (

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fixtures.bpe_vocab import MULTILINGUAL_TEXT, SPECIAL_TOKENS, write_bpe_vocab_gguf
+
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.tokenizer import _UNICODE16_ADDITIONS, IncrementalDecoder, Tokenizer, TokenizerError
 
