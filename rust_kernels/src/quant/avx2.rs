@@ -92,6 +92,15 @@ pub unsafe fn vec_dot_rows<const R: usize>(
     }
 }
 
+/// Sum of 8 i32 lanes (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
+}
+
 /// One little-endian f16 at `b[off..off+2]` converted with F16C (half's converter is not inlined
 /// here and a call per block costs more than the block's arithmetic).
 #[inline]
@@ -247,16 +256,24 @@ unsafe fn dot_q45k<const HIGH: bool, const R: usize>(w: &[u8], ys: [&[BlockQ8K];
         let b = &w[i * bytes..(i + 1) * bytes];
         let (sc, m) = scales_mins(&b[4..16]);
         let (dw, dminw) = (f16_at(b, 0), f16_at(b, 2));
+        let mins8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(m.as_ptr() as *const __m128i));
         for r in 0..R {
             let y = &ys[r][i];
             let neg_dmin = -y.d * dminw;
-            let pair = |s: usize| m[s] as i32 * (y.bsums[2 * s] as i32 + y.bsums[2 * s + 1] as i32);
+            // prod[k] = m[2k]*(bsum pair 2k) + m[2k+1]*(bsum pair 2k+1): the same 4 lanes as llama.cpp.
+            let bs = y.bsums.as_ptr() as *const __m128i;
+            let q8s = _mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs.add(1)));
+            let prod = _mm_madd_epi16(mins8, q8s);
             if HIGH {
-                mins1[r] = neg_dmin.mul_add((0..8).map(pair).sum::<i32>() as f32, mins1[r]);
+                let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, prod), prod);
+                mins1[r] = neg_dmin.mul_add(_mm_cvtsi128_si32(total) as f32, mins1[r]);
             } else {
-                for (k, lane) in mins4[r].iter_mut().enumerate() {
-                    *lane = neg_dmin.mul_add((pair(2 * k) + pair(2 * k + 1)) as f32, *lane);
-                }
+                let lanes = _mm_fmadd_ps(
+                    _mm_set1_ps(neg_dmin),
+                    _mm_cvtepi32_ps(prod),
+                    _mm_loadu_ps(mins4[r].as_ptr()),
+                );
+                _mm_storeu_ps(mins4[r].as_mut_ptr(), lanes);
             }
         }
         let qh = if HIGH {
@@ -317,11 +334,20 @@ unsafe fn dot_q6k<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
         let b = &w[i * 210..(i + 1) * 210];
         let scales: [i8; 16] = std::array::from_fn(|k| b[192 + k] as i8);
         // The -32 offset, folded into the exact integer sum through the Q8_K block sums.
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.as_ptr().add(192) as *const __m128i));
         let mut sumi: [__m256i; R] = std::array::from_fn(|r| {
-            let offset: i32 = (0..16)
-                .map(|k| scales[k] as i32 * ys[r][i].bsums[k] as i32)
-                .sum();
-            _mm256_setr_epi32(-32 * offset, 0, 0, 0, 0, 0, 0, 0)
+            let bs = _mm256_loadu_si256(ys[r][i].bsums.as_ptr() as *const __m256i);
+            // -32 * sum(scale[k] * bsum[k]) added to lane 0: the same exact integer total.
+            _mm256_setr_epi32(
+                -32 * hsum_epi32(_mm256_madd_epi16(sc16, bs)),
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+            )
         });
         for n in 0..2 {
             let a = load(b.as_ptr().add(64 * n));
