@@ -1,4 +1,5 @@
-"""`hyserve` command line: `generate` runs the model in-process (no server needed)."""
+"""`hyserve` command line: `generate` runs the model in-process (no server needed); `serve` runs the
+gRPC server."""
 
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat", action="store_true", help="treat the prompt as a user message and apply the chat template"
     )
     gen.set_defaults(func=_generate)
+
+    from hyserve.api.server import add_serve_subcommand
+
+    add_serve_subcommand(sub)
     return parser
 
 

@@ -1,0 +1,232 @@
+"""The gRPC server process: `hyserve serve`.
+
+Start-up order: listen first (so health checks answer while the model loads), load the model on a
+background thread, warm it up, start the engine, then mark the service ready.
+
+Health (grpc.health.v1): service "" is process liveness (SERVING as soon as the server listens);
+service "hyserve.v1.HyserveService" is readiness: NOT_SERVING until the model is loaded and warmed
+up, SERVING after, NOT_SERVING again (permanently) once shutdown starts.
+
+Shutdown on SIGTERM/SIGINT: every health status turns NOT_SERVING, new Generate calls get
+UNAVAILABLE, queued and running tasks may finish for `--drain-seconds` (Cancel, CacheStats and
+health keep working meanwhile), what is left is cancelled, then the server stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import numpy as np
+import structlog
+from grpc_health.v1 import health as health_module
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
+from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime
+from hyserve.api.validation import RequestLimits
+
+log = structlog.get_logger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # clients ping every 60 s, also during long silent prompt evaluations: accept pings every 10 s
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # ping clients too, so a vanished client's stream (and thus its task) is cancelled
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+]
+HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str = "default"
+    chat_template: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 50051
+    parallel: int = 1
+    ctx_size: int = 4096
+    queue_size: int = 64
+    threads: int | None = None
+    default_max_tokens: int = 1024
+    prompt_chunk: int = 128
+    drain_seconds: float = 30.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeConfig:
+        return cls(
+            model=args.model,
+            chat_template=args.chat_template,
+            host=args.host,
+            port=args.port,
+            parallel=args.parallel,
+            ctx_size=args.ctx_size,
+            queue_size=args.queue_size,
+            threads=args.threads,
+            default_max_tokens=args.default_max_tokens,
+            prompt_chunk=args.prompt_chunk,
+            drain_seconds=args.drain_seconds,
+        )
+
+
+def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `serve` on the CLI's subparsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser("serve", help="run the gRPC server")
+    p.add_argument("--model", default="default", help="GGUF path, or 'default' (Gemma 3 270M from PyPI)")
+    p.add_argument("--chat-template", type=Path, default=None, help="Jinja file overriding the model's template")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=50051, help="port to listen on (0: any free port, logged)")
+    p.add_argument("--parallel", type=int, default=1, help="slots: tasks that run at the same time")
+    p.add_argument("--ctx-size", type=int, default=4096, help="context size of each slot, in tokens")
+    p.add_argument("--queue-size", type=int, default=64, help="tasks that may wait for a slot")
+    p.add_argument("--threads", type=int, default=None, help="kernel threads (default: the kernels' choice)")
+    p.add_argument("--default-max-tokens", type=int, default=1024, help="completion limit for requests that set none")
+    p.add_argument("--prompt-chunk", type=int, default=128, help="tokens evaluated per step (prompt chunks)")
+    p.add_argument("--drain-seconds", type=float, default=30.0, help="how long shutdown lets tasks finish")
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    config = ServeConfig.from_args(args)
+    for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk"):
+        if getattr(config, name) < 1:
+            raise SystemExit(f"hyserve serve: --{name.replace('_', '-')} must be >= 1")
+    if config.queue_size < 0:
+        raise SystemExit("hyserve serve: --queue-size must be >= 0")
+    return asyncio.run(serve(config))
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    """Run fn on a daemon thread (unlike asyncio.to_thread, an abandoned one does not block exit)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def target() -> None:
+        def settle(result: Any = None, error: BaseException | None = None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        try:
+            value = fn()
+        except BaseException as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, value)
+
+    threading.Thread(target=target, name="hyserve-load", daemon=True).start()
+    return await future
+
+
+def load_runtime(config: ServeConfig) -> Runtime:
+    """Load and warm up the model, start the engine (blocking; runs on a background thread)."""
+    import hyserve_kernels
+
+    from hyserve.engine.engine import Engine, EngineConfig
+    from hyserve.model.architectures.base import Logits, Segment
+    from hyserve.model.loader import load_model
+
+    if config.threads is not None:
+        hyserve_kernels.set_num_threads(config.threads)
+    model = load_model(config.model, config.chat_template)
+    if config.ctx_size > model.arch.n_ctx_train:
+        log.warning("ctx_size_exceeds_training", ctx_size=config.ctx_size, n_ctx_train=model.arch.n_ctx_train)
+    start = time.perf_counter()
+    warm = [model.tokenizer.bos_id if model.tokenizer.bos_id is not None else 0]
+    warm += model.tokenizer.encode("Hello", add_special=False)
+    model.arch.forward([Segment(model.arch.new_memory(16), np.asarray(warm, dtype=np.int32), Logits.LAST)])
+    log.info("model_warm", seconds=round(time.perf_counter() - start, 3))
+    engine = Engine(
+        model.arch,
+        model.tokenizer,
+        EngineConfig(
+            n_slots=config.parallel,
+            n_ctx=config.ctx_size,
+            queue_size=config.queue_size,
+            prompt_chunk=config.prompt_chunk,
+        ),
+    )
+    engine.start()
+    return Runtime(
+        model=model,
+        engine=engine,
+        chat_template=model.chat_template,
+        has_chat_template=model.has_own_template or config.chat_template is not None,
+        limits=RequestLimits(n_ctx=config.ctx_size, default_max_tokens=config.default_max_tokens),
+    )
+
+
+async def serve(config: ServeConfig) -> int:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    servicer = HyserveServicer()
+    pb_grpc.add_HyserveServiceServicer_to_server(servicer, server)
+    health = health_module.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"{config.host}:{config.port}"
+    port = server.add_insecure_port(address)
+    if port == 0:
+        log.error("listen_failed", address=address)
+        return 1
+    await server.start()
+    log.info("server_listening", host=config.host, port=port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    loading = asyncio.ensure_future(_in_thread(lambda: load_runtime(config)))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    runtime: Runtime | None = None
+    if loading.done():
+        try:
+            runtime = loading.result()
+        except Exception:
+            log.exception("model_load_failed", model=config.model)
+            stopping.cancel()
+            await health.enter_graceful_shutdown()
+            await server.stop(grace=1.0)
+            return 1
+        servicer.runtime = runtime
+        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        log.info("server_ready", port=port, slots=config.parallel, n_ctx=config.ctx_size)
+        await stopping
+    else:
+        loading.cancel()
+
+    log.info("server_draining", seconds=config.drain_seconds)
+    await health.enter_graceful_shutdown()
+    if runtime is not None:
+        engine = runtime.engine
+        engine.close()  # new Generate calls: UNAVAILABLE; Cancel, CacheStats and health keep working
+        deadline = time.monotonic() + config.drain_seconds
+        while not engine.idle() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await _in_thread(engine.shutdown)  # cancels whatever is left; their streams get Finished
+    await server.stop(grace=2.0)  # let the last events reach their clients
+    log.info("server_stopped")
+    return 0

@@ -1,0 +1,283 @@
+"""The hyserve.v1.HyserveService servicer (grpc.aio): translates between proto messages and the
+engine, and maps failures to status codes. It decides nothing about scheduling or caching.
+
+Each Generate call owns one task. The engine thread hands the task's events to this call's asyncio
+queue (`loop.call_soon_threadsafe`); the call streams them until Finished. When the call ends for
+any other reason (the client cancelled it, its deadline passed, the server stops), the call cancels
+its own task, and only that one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+
+import hyserve
+from hyserve.api.gen import hyserve_pb2 as pb
+from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
+from hyserve.api.validation import RequestLimits, ValidationError, prepare_generate
+from hyserve.engine.cancel import CancelSource
+from hyserve.engine.engine import (
+    CancelOutcome,
+    DuplicateTaskError,
+    Engine,
+    EngineClosedError,
+    QueueFullError,
+    SlotState,
+)
+from hyserve.engine.task import (
+    AcceptedEvent,
+    DeltaEvent,
+    Event,
+    FailedEvent,
+    FinishedEvent,
+    FinishReason,
+    ReuseSource,
+    Task,
+)
+from hyserve.model.architectures.base import Architecture
+from hyserve.model.chat_template import ChatTemplate
+from hyserve.model.loader import LoadedModel
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["HyserveService"].full_name
+
+_REUSE = {
+    ReuseSource.NONE: pb.REUSE_SOURCE_NONE,
+    ReuseSource.SLOT_LIVE: pb.REUSE_SOURCE_SLOT_LIVE,
+    ReuseSource.CHECKPOINT: pb.REUSE_SOURCE_CHECKPOINT,
+    ReuseSource.PREFIX_STORE: pb.REUSE_SOURCE_PREFIX_STORE,
+}
+_FINISH = {
+    FinishReason.EOS: pb.FINISH_REASON_EOS,
+    FinishReason.STOP_STRING: pb.FINISH_REASON_STOP_STRING,
+    FinishReason.STOP_TOKEN: pb.FINISH_REASON_STOP_TOKEN,
+    FinishReason.MAX_TOKENS: pb.FINISH_REASON_MAX_TOKENS,
+    FinishReason.CONTEXT_FULL: pb.FINISH_REASON_CONTEXT_FULL,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+}
+_SLOT_STATE = {
+    SlotState.IDLE: pb.SLOT_STATE_IDLE,
+    SlotState.PROCESSING_PROMPT: pb.SLOT_STATE_PROCESSING_PROMPT,
+    SlotState.GENERATING: pb.SLOT_STATE_GENERATING,
+}
+
+
+_SUBMIT_ERRORS: dict[type[Exception], grpc.StatusCode] = {
+    DuplicateTaskError: grpc.StatusCode.ALREADY_EXISTS,
+    QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    EngineClosedError: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Everything the servicer needs once the model is loaded."""
+
+    model: LoadedModel
+    engine: Engine
+    chat_template: ChatTemplate | None  # None: chat input is refused
+    has_chat_template: bool  # the model ships one or --chat-template gave one
+    limits: RequestLimits
+
+
+def memory_kind(arch: Architecture) -> int:
+    """The proto MemoryKind of an architecture's sequence memory."""
+    declared = getattr(arch, "memory_kind", None)
+    if isinstance(declared, int):
+        return declared
+    layers = getattr(arch, "layers", ())
+    if any(getattr(layer, "window", 0) for layer in layers):
+        # hyserve keeps the full history of sliding-window layers: resumable anywhere
+        return pb.MEMORY_KIND_SLIDING_WINDOW
+    return pb.MEMORY_KIND_ATTENTION_ONLY
+
+
+class HyserveServicer(pb_grpc.HyserveServiceServicer):
+    def __init__(self) -> None:
+        self.runtime: Runtime | None = None  # set by the server once the model is loaded and warm
+
+    async def _ready(self, context: grpc.aio.ServicerContext) -> Runtime:
+        runtime = self.runtime
+        if runtime is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry later")
+            raise AssertionError("unreachable")  # context.abort raises
+        return runtime
+
+    # --- Generate --------------------------------------------------------------------------------
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        runtime = await self._ready(context)
+        model = runtime.model
+        try:
+            prepared = await asyncio.to_thread(
+                prepare_generate, request, model.tokenizer, runtime.chat_template, runtime.limits
+            )
+        except ValidationError as exc:
+            log.info("generate_rejected", task_id=request.task_id, code="INVALID_ARGUMENT", reason=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(event: Event) -> None:  # called on the engine thread
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        task = Task(
+            id=prepared.task_id,
+            prompt=prepared.prompt,
+            params=prepared.params,
+            stop=prepared.stop,
+            sink=sink,
+            logprobs=prepared.logprobs,
+            top_logprobs=prepared.top_logprobs,
+            cache_prompt=prepared.cache_prompt,
+            message_starts=prepared.message_starts,
+            checkpoint_offsets=prepared.checkpoint_offsets,
+        )
+        engine = runtime.engine
+        try:
+            engine.submit(task)
+        except (DuplicateTaskError, QueueFullError, EngineClosedError) as exc:
+            code, details = _SUBMIT_ERRORS[type(exc)], str(exc)
+            if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                details += "; retry later"
+            log.info("generate_rejected", task_id=task.id, code=code.name, reason=details)
+            await context.abort(code, details)
+
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, FailedEvent):
+                    await context.abort(grpc.StatusCode.INTERNAL, event.message)
+                yield self._event_to_proto(event, model)
+                if isinstance(event, FinishedEvent):
+                    return
+        finally:
+            # the call ended before the task did (client cancel, deadline, shutdown): cancel it
+            if not task.ended:
+                engine.cancel_task(task, CancelSource.CLIENT_GONE)
+
+    @staticmethod
+    def _event_to_proto(event: Event, model: LoadedModel) -> pb.GenerateResponse:
+        if isinstance(event, AcceptedEvent):
+            return pb.GenerateResponse(
+                accepted=pb.Accepted(
+                    task_id=event.task_id,
+                    slot_index=event.slot_index,
+                    prompt_tokens=event.prompt_tokens,
+                    reused_tokens=event.reused_tokens,
+                    reuse_source=_REUSE[event.reuse_source],
+                    matched_tokens=event.matched_tokens,
+                )
+            )
+        if isinstance(event, DeltaEvent):
+            piece = model.tokenizer.token_bytes
+            logprobs = [
+                pb.TokenLogprob(
+                    token_id=lp.token_id,
+                    logprob=lp.logprob,
+                    piece=piece(lp.token_id),
+                    top_logprobs=[pb.TopLogprob(token_id=t, logprob=v, piece=piece(t)) for t, v in lp.top],
+                )
+                for lp in event.logprobs
+            ]
+            return pb.GenerateResponse(delta=pb.Delta(token_ids=event.token_ids, text=event.text, logprobs=logprobs))
+        if isinstance(event, FinishedEvent):
+            u, t = event.usage, event.timings
+            finished = pb.Finished(
+                reason=_FINISH[event.reason],
+                stop_string=event.stop_string,
+                usage=pb.Usage(
+                    prompt_tokens=u.prompt_tokens,
+                    cached_prompt_tokens=u.cached_prompt_tokens,
+                    processed_prompt_tokens=u.processed_prompt_tokens,
+                    completion_tokens=u.completion_tokens,
+                ),
+                timings=pb.Timings(
+                    queue_ms=t.queue_ms,
+                    prompt_ms=t.prompt_ms,
+                    generation_ms=t.generation_ms,
+                    time_to_first_token_ms=t.time_to_first_token_ms,
+                ),
+            )
+            if event.stop_token_id is not None:
+                finished.stop_token_id = event.stop_token_id
+            return pb.GenerateResponse(finished=finished)
+        raise TypeError(f"unexpected event {event!r}")
+
+    # --- Cancel ----------------------------------------------------------------------------------
+
+    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
+        runtime = await self._ready(context)
+        if not request.task_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id: must not be empty")
+        outcome = runtime.engine.cancel(request.task_id, CancelSource.RPC)
+        log.info("cancel", task_id=request.task_id, outcome=outcome.value)
+        if outcome is CancelOutcome.NOT_FOUND:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id!r} is known to this server")
+        status = pb.CANCEL_STATUS_CANCELLED if outcome is CancelOutcome.CANCELLED else pb.CANCEL_STATUS_ALREADY_FINISHED
+        return pb.CancelResponse(status=status)
+
+    # --- CacheStats ------------------------------------------------------------------------------
+
+    async def CacheStats(
+        self, request: pb.CacheStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CacheStatsResponse:
+        runtime = await self._ready(context)
+        stats = runtime.engine.stats()
+        c = stats.counters
+        return pb.CacheStatsResponse(
+            slots=[
+                pb.SlotStats(
+                    index=s.index, state=_SLOT_STATE[s.state], task_id=s.task_id, cached_tokens=s.cached_tokens
+                )
+                for s in stats.slots
+            ],
+            prefix_store=pb.PrefixStoreStats(),
+            counters=pb.CacheCounters(
+                prompt_tokens_received=c.prompt_tokens_received,
+                prompt_tokens_reused=c.prompt_tokens_reused,
+                prompt_tokens_processed=c.prompt_tokens_processed,
+                full_reprocess_by_reason=c.full_reprocess_by_reason,
+            ),
+        )
+
+    # --- ModelInfo -------------------------------------------------------------------------------
+
+    async def ModelInfo(self, request: pb.ModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfoResponse:
+        runtime = await self._ready(context)
+        return model_info(runtime)
+
+
+def model_info(runtime: Runtime) -> pb.ModelInfoResponse:
+    model, tok = runtime.model, runtime.model.tokenizer
+    name: Any = model.gguf.metadata.get("general.name")
+    eos = [tok.eos_id] if tok.eos_id is not None else []
+    eos += sorted(t for t in tok.eog_ids if t != tok.eos_id)
+    info = pb.ModelInfoResponse(
+        model_path=str(model.path),
+        model_name=name if isinstance(name, str) and name else model.path.name,
+        architecture=str(model.gguf.architecture),
+        vocab_size=tok.vocab_size,
+        context_size=runtime.engine.config.n_ctx,
+        n_ctx_train=int(model.arch.n_ctx_train),
+        parallel_slots=runtime.engine.config.n_slots,
+        eos_token_ids=eos,
+        has_chat_template=runtime.has_chat_template,
+        memory_kind=memory_kind(model.arch),
+        server_version=hyserve.__version__,
+    )
+    if tok.bos_id is not None:
+        info.bos_token_id = tok.bos_id
+    return info

@@ -1,0 +1,254 @@
+"""Request validation: GenerateRequest -> a `PreparedRequest` the engine can run, or a
+`ValidationError` whose message names the field (the servicer answers INVALID_ARGUMENT).
+
+Pure functions: they read the request, the tokenizer and the chat template, and change nothing.
+Rules and defaults follow proto/hyserve/v1/hyserve.proto.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from google.protobuf import json_format
+
+from hyserve.api.gen import hyserve_pb2 as pb
+from hyserve.engine.generator import StopRule
+from hyserve.engine.sampling import SamplingParams
+from hyserve.engine.task import new_task_id
+from hyserve.model.chat_template import ChatTemplate, ChatTemplateError, message_token_offsets
+
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "PreparedRequest",
+    "RequestLimits",
+    "ValidationError",
+    "prepare_generate",
+    "prompt_tokens",
+    "sampling_params",
+    "stop_rule",
+    "validate_task_id",
+]
+
+MAX_TASK_ID_LEN = 128
+MAX_TOP_LOGPROBS = 20
+_TASK_ID = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+class ValidationError(ValueError):
+    """The request is malformed, whatever the server's state (INVALID_ARGUMENT)."""
+
+
+class TokenizerLike(Protocol):
+    vocab_size: int
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+
+    def encode_with_offsets(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> tuple[list[int], list[int]]: ...
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    n_ctx: int  # per slot: prompt + completion must fit
+    default_max_tokens: int  # when the request sets none (generation also ends when the context is full)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    task_id: str
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    stop: StopRule
+    logprobs: bool
+    top_logprobs: int
+    cache_prompt: bool
+    message_starts: tuple[int, ...]
+    checkpoint_offsets: tuple[int, ...]
+
+
+def validate_task_id(task_id: str) -> str:
+    """The client's id, or a fresh UUID when empty."""
+    if not task_id:
+        return new_task_id()
+    if len(task_id) > MAX_TASK_ID_LEN:
+        raise ValidationError(f"task_id: at most {MAX_TASK_ID_LEN} characters (got {len(task_id)})")
+    if not _TASK_ID.fullmatch(task_id):
+        raise ValidationError("task_id: only the characters [A-Za-z0-9._:-] are allowed")
+    return task_id
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise ValidationError(f"sampling.{name}: must be a finite number (got {value})")
+    return float(value)
+
+
+def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
+    def opt(name: str, default: float) -> float:
+        return _finite(name, getattr(msg, name)) if msg.HasField(name) else default
+
+    temperature = opt("temperature", 0.0)
+    if temperature < 0:
+        raise ValidationError(f"sampling.temperature: must be >= 0 (got {temperature:g})")
+    top_k = msg.top_k if msg.HasField("top_k") else 0
+    if top_k < 0:
+        raise ValidationError(f"sampling.top_k: must be >= 0 (got {top_k})")
+    top_p = opt("top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise ValidationError(f"sampling.top_p: must be in (0, 1] (got {top_p:g})")
+    min_p = opt("min_p", 0.0)
+    if not 0.0 <= min_p <= 1.0:
+        raise ValidationError(f"sampling.min_p: must be in [0, 1] (got {min_p:g})")
+    repetition_penalty = opt("repetition_penalty", 1.0)
+    if repetition_penalty <= 0:
+        raise ValidationError(f"sampling.repetition_penalty: must be > 0 (got {repetition_penalty:g})")
+    return SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=opt("presence_penalty", 0.0),
+        frequency_penalty=opt("frequency_penalty", 0.0),
+        seed=msg.seed if msg.HasField("seed") else None,
+    )
+
+
+def _chat_messages(chat: pb.ChatInput) -> list[dict[str, Any]]:
+    if not chat.messages:
+        raise ValidationError("chat.messages: must not be empty")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(chat.messages):
+        if not m.role:
+            raise ValidationError(f"chat.messages[{i}].role: must not be empty")
+        message: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.HasField("name"):
+            message["name"] = m.name
+        if m.HasField("reasoning_content"):
+            message["reasoning_content"] = m.reasoning_content
+        out.append(message)
+    return out
+
+
+def prompt_tokens(
+    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate | None
+) -> tuple[list[int], list[int]]:
+    """(prompt token ids, token index where each chat message starts) for the request's input.
+
+    `template` None means chat input cannot be served (no usable chat template)."""
+    kind = request.WhichOneof("input")
+    if kind is None:
+        raise ValidationError("input: exactly one of text, tokens or chat must be set")
+    if kind == "text":
+        text = request.text
+        if not text.text:
+            raise ValidationError("text.text: must not be empty")
+        add_special = text.add_special if text.HasField("add_special") else True
+        parse_special = text.parse_special if text.HasField("parse_special") else False
+        ids = tokenizer.encode(text.text, add_special=add_special, parse_special=parse_special)
+        if not ids:
+            raise ValidationError("text.text: tokenizes to no tokens")
+        return ids, []
+    if kind == "tokens":
+        ids = [int(t) for t in request.tokens.token_ids]
+        if not ids:
+            raise ValidationError("tokens.token_ids: must not be empty")
+        bad = next((t for t in ids if t >= tokenizer.vocab_size), None)
+        if bad is not None:
+            raise ValidationError(f"tokens.token_ids: id {bad} is not below the vocabulary size {tokenizer.vocab_size}")
+        return ids, []
+    # chat
+    if template is None:
+        raise ValidationError("chat: the served model has no chat template; send text or tokens instead")
+    messages = _chat_messages(request.chat)
+    add_generation_prompt = (
+        request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
+    )
+    kwargs: dict[str, Any] = {}
+    if request.chat.HasField("chat_template_kwargs"):
+        kwargs = json_format.MessageToDict(request.chat.chat_template_kwargs)
+    tools = kwargs.pop("tools", None)
+    if tools is not None and not isinstance(tools, list):
+        raise ValidationError("chat.chat_template_kwargs.tools: must be a list")
+    try:
+        rendered = template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs)
+    except ChatTemplateError as exc:
+        raise ValidationError(f"chat: the chat template cannot render these messages: {exc}") from exc
+    except TypeError as exc:  # e.g. a kwarg name that collides with render()'s own parameters
+        raise ValidationError(f"chat.chat_template_kwargs: {exc}") from exc
+    # templates emit BOS themselves
+    ids, starts = tokenizer.encode_with_offsets(rendered.text, add_special=False, parse_special=True)
+    if not ids:
+        raise ValidationError("chat: the rendered conversation is empty")
+    return ids, message_token_offsets(rendered.message_char_offsets, starts)
+
+
+def stop_rule(
+    msg: pb.StoppingCriteria, has_msg: bool, vocab_size: int, n_prompt: int, limits: RequestLimits
+) -> StopRule:
+    if has_msg and msg.HasField("max_tokens"):
+        max_tokens = msg.max_tokens
+        if max_tokens < 1:
+            raise ValidationError("stopping.max_tokens: must be >= 1")
+        if n_prompt + max_tokens > limits.n_ctx:
+            raise ValidationError(
+                f"stopping.max_tokens: {n_prompt} prompt tokens + {max_tokens} completion tokens exceed "
+                f"the context size of {limits.n_ctx} tokens"
+            )
+    else:
+        max_tokens = limits.default_max_tokens
+    if not has_msg:
+        return StopRule(max_tokens=max_tokens)
+    for i, s in enumerate(msg.stop_strings):
+        if not s:
+            raise ValidationError(f"stopping.stop_strings[{i}]: must not be empty")
+    for t in msg.stop_token_ids:
+        if t >= vocab_size:
+            raise ValidationError(f"stopping.stop_token_ids: id {t} is not below the vocabulary size {vocab_size}")
+    return StopRule(
+        max_tokens=max_tokens,
+        stop_strings=tuple(msg.stop_strings),
+        stop_token_ids=frozenset(int(t) for t in msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+    )
+
+
+def _checkpoint_offsets(offsets: Sequence[int], n_prompt: int) -> tuple[int, ...]:
+    for o in offsets:
+        if o < 1:
+            raise ValidationError("cache.checkpoint_offsets: offsets must be >= 1")
+    return tuple(sorted({int(o) for o in offsets if o <= n_prompt}))
+
+
+def prepare_generate(
+    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate | None, limits: RequestLimits
+) -> PreparedRequest:
+    """Validate a GenerateRequest and turn it into what the engine runs. Raises ValidationError."""
+    task_id = validate_task_id(request.task_id)
+    params = sampling_params(request.sampling)
+    if request.top_logprobs > MAX_TOP_LOGPROBS:
+        raise ValidationError(f"top_logprobs: at most {MAX_TOP_LOGPROBS} (got {request.top_logprobs})")
+    prompt, message_starts = prompt_tokens(request, tokenizer, template)
+    if len(prompt) >= limits.n_ctx:
+        raise ValidationError(
+            f"input: the prompt has {len(prompt)} tokens, which leaves no room for a completion in the context "
+            f"of {limits.n_ctx} tokens"
+        )
+    stop = stop_rule(request.stopping, request.HasField("stopping"), tokenizer.vocab_size, len(prompt), limits)
+    cache_prompt = request.cache.cache_prompt if request.cache.HasField("cache_prompt") else True
+    return PreparedRequest(
+        task_id=task_id,
+        prompt=tuple(prompt),
+        params=params,
+        stop=stop,
+        logprobs=request.logprobs or request.top_logprobs > 0,
+        top_logprobs=request.top_logprobs,
+        cache_prompt=cache_prompt,
+        message_starts=tuple(message_starts),
+        checkpoint_offsets=_checkpoint_offsets(request.cache.checkpoint_offsets, len(prompt)),
+    )

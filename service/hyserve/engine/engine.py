@@ -1,0 +1,625 @@
+"""The engine: one dedicated thread that owns the slots and runs every forward pass.
+
+Each iteration of the loop:
+1. admit queued tasks to free slots (FIFO; the slot with the longest common prefix), truncate the
+   slot to the planned resume point and send Accepted;
+2. end running tasks whose cancel flag is set (the slot keeps what it has evaluated so far);
+3. run one `arch.forward` for all busy slots: one token per generating slot plus prompt chunks;
+4. commit the evaluated tokens to each slot's token list, sample where logits came back, apply the
+   stop rules and send the events.
+
+Invariant I1 (ARCHITECTURE.md): a slot's token list `tokens` always equals what its memory holds.
+Memory only changes in `forward` (which advances every memory of the call, or none when it raises)
+and `Slot.truncate`; `Slot.commit` follows every successful forward, so both always change together.
+A sampled token is only added to memory when it is evaluated in the next step: when a task stops on
+it, the slot holds prompt + completion[:-1].
+
+The API side talks to the engine through thread-safe calls only (`submit`, `cancel`, `stats`,
+`shutdown`); the engine talks back through each task's event sink.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import structlog
+
+from hyserve.engine.cancel import CancelSource
+from hyserve.engine.sampling import apply_penalties, log_softmax, sample
+from hyserve.engine.scheduler import (
+    BoundedFifo,
+    QueueFullError,
+    ReusePlan,
+    SlotView,
+    SlotWork,
+    compose_batch,
+    plan_admissions,
+    plan_reuse,
+)
+from hyserve.engine.task import (
+    AcceptedEvent,
+    DeltaEvent,
+    FailedEvent,
+    FinishedEvent,
+    FinishReason,
+    StopStringFilter,
+    Task,
+    TaskState,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
+from hyserve.model.architectures.base import Architecture, Logits, Segment
+from hyserve.model.memory import SequenceMemory
+from hyserve.model.tokenizer import IncrementalDecoder, Tokenizer
+
+__all__ = [
+    "CancelOutcome",
+    "DuplicateTaskError",
+    "Engine",
+    "EngineClosedError",
+    "EngineConfig",
+    "EngineCounters",
+    "EngineStats",
+    "QueueFullError",
+    "SlotSnapshot",
+    "SlotState",
+]
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_slots: int = 1
+    n_ctx: int = 4096  # per slot
+    queue_size: int = 64  # waiting tasks (running ones not counted)
+    prompt_chunk: int = 128  # token budget of one forward call (prompt chunks + decode tokens)
+    ended_task_retention_s: float = 600.0  # how long a late Cancel still answers ALREADY_FINISHED
+    ended_task_max: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.n_slots < 1:
+            raise ValueError("n_slots must be >= 1")
+        if self.n_ctx < 2:
+            raise ValueError("n_ctx must be >= 2")
+        if self.queue_size < 0:
+            raise ValueError("queue_size must be >= 0")
+        if self.prompt_chunk < 1:
+            raise ValueError("prompt_chunk must be >= 1")
+
+
+class DuplicateTaskError(RuntimeError):
+    """A task with this id is still queued or running."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine no longer accepts tasks (shutting down)."""
+
+
+class CancelOutcome(Enum):
+    CANCELLED = "cancelled"
+    ALREADY_FINISHED = "already_finished"
+    NOT_FOUND = "not_found"
+
+
+class SlotState(Enum):
+    IDLE = "idle"
+    PROCESSING_PROMPT = "processing_prompt"
+    GENERATING = "generating"
+
+
+@dataclass(frozen=True)
+class SlotSnapshot:
+    index: int
+    state: SlotState
+    task_id: str
+    cached_tokens: int
+
+
+@dataclass
+class EngineCounters:
+    prompt_tokens_received: int = 0
+    prompt_tokens_reused: int = 0
+    prompt_tokens_processed: int = 0
+    full_reprocess_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> EngineCounters:
+        return EngineCounters(
+            self.prompt_tokens_received,
+            self.prompt_tokens_reused,
+            self.prompt_tokens_processed,
+            dict(self.full_reprocess_by_reason),
+        )
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    slots: tuple[SlotSnapshot, ...]
+    counters: EngineCounters
+    queued: int
+
+
+# --- slots and running tasks ---------------------------------------------------------------------
+
+
+class Slot:
+    """A sequence memory and the tokens `tokens` (T) whose effect it holds."""
+
+    def __init__(self, index: int, memory: SequenceMemory) -> None:
+        self.index = index
+        self.memory = memory
+        self.tokens: list[int] = []
+        self.run: _Run | None = None
+        self.last_used = 0
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n tokens (memory and bookkeeping together)."""
+        self.memory.truncate(n)
+        del self.tokens[n:]
+
+    def commit(self, evaluated: Sequence[int]) -> None:
+        """Record tokens that a successful forward call has just added to the memory."""
+        self.tokens.extend(int(t) for t in evaluated)
+        if len(self.tokens) != self.memory.n_tokens:
+            raise AssertionError(
+                f"slot {self.index}: {len(self.tokens)} tokens but memory holds {self.memory.n_tokens}"
+            )
+
+    def consistent(self) -> bool:
+        return len(self.tokens) == self.memory.n_tokens
+
+    def view(self) -> SlotView:
+        return SlotView(self.index, self.tokens, self.last_used)
+
+
+class _StopText:
+    """Decoded completion text with stop-string holdback (see task.StopStringFilter)."""
+
+    def __init__(self, tokenizer: Tokenizer, stop_strings: Sequence[str]) -> None:
+        self.decoder: IncrementalDecoder = tokenizer.incremental_decoder()
+        self.filter = StopStringFilter(stop_strings)
+
+    def push(self, token: int) -> tuple[str, str | None]:
+        return self.filter.push(self.decoder.push(token))
+
+    def finish(self) -> str:
+        """Everything still held back (generation ended without a stop string)."""
+        released, hit = self.filter.push(self.decoder.flush())
+        return released if hit is not None else released + self.filter.flush()
+
+
+@dataclass(eq=False)
+class _Run:
+    """A task's progress on its slot."""
+
+    task: Task
+    slot: Slot
+    plan: ReusePlan
+    seq: int  # admission order
+    admitted_at: float
+    text: _StopText
+    rng: np.random.Generator
+    pos: int  # next prompt index to evaluate
+    history: list[int]  # prompt + sampled tokens (for penalties)
+    generated: list[int] = field(default_factory=list)
+    next_token: int | None = None  # sampled, not yet evaluated
+    processed: int = 0  # prompt tokens evaluated for this task
+    prompt_done_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.task.prompt
+
+    @property
+    def decoding(self) -> bool:
+        return self.next_token is not None
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt), self.plan.reuse, self.processed, len(self.generated))
+
+    def timings(self, now: float) -> Timings:
+        received = self.task.received_at
+        prompt_end = self.prompt_done_at if self.prompt_done_at is not None else now
+        first, last = self.first_token_at, self.last_token_at
+        return Timings(
+            queue_ms=(self.admitted_at - received) * 1e3,
+            prompt_ms=(prompt_end - self.admitted_at) * 1e3,
+            generation_ms=((last - first) * 1e3) if first is not None and last is not None else 0.0,
+            time_to_first_token_ms=((first - received) * 1e3) if first is not None else 0.0,
+        )
+
+
+# --- the engine ----------------------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(self, arch: Architecture, tokenizer: Tokenizer, config: EngineConfig | None = None) -> None:
+        self.arch = arch
+        self.tokenizer = tokenizer
+        self.config = config or EngineConfig()
+        self.slots = [Slot(i, arch.new_memory(self.config.n_ctx)) for i in range(self.config.n_slots)]
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        # guarded by _lock:
+        self._queue: BoundedFifo[Task] = BoundedFifo(self.config.queue_size)
+        self._live: dict[str, Task] = {}
+        self._ended: OrderedDict[str, float] = OrderedDict()
+        self._closed = False
+        self._stopping = False
+        self._counters = EngineCounters()
+        self._snapshot: tuple[SlotSnapshot, ...] = self._take_snapshot()
+        # engine thread only:
+        self._admissions = 0
+        self._thread: threading.Thread | None = None
+
+    # --- API side (any thread) -------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("engine already started")
+        self._thread = threading.Thread(target=self._loop, name="hyserve-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, task: Task) -> None:
+        """Queue a task. Raises EngineClosedError, DuplicateTaskError or QueueFullError."""
+        with self._lock:
+            if self._closed:
+                raise EngineClosedError("the server is shutting down")
+            if task.id in self._live:
+                raise DuplicateTaskError(f"task {task.id!r} is still queued or running")
+            self._queue.push(task)  # QueueFullError
+            self._live[task.id] = task
+            self._ended.pop(task.id, None)
+            self._wake.notify()
+        task.log.info("task_queued", prompt_tokens=len(task.prompt), queued=len(self._queue))
+
+    def cancel(self, task_id: str, source: CancelSource = CancelSource.RPC) -> CancelOutcome:
+        """Cancel by id (the Cancel RPC)."""
+        with self._lock:
+            task = self._live.get(task_id)
+            if task is None:
+                self._prune_ended_locked(time.monotonic())
+                known = task_id in self._ended
+                return CancelOutcome.ALREADY_FINISHED if known else CancelOutcome.NOT_FOUND
+        return self.cancel_task(task, source)
+
+    def cancel_task(self, task: Task, source: CancelSource) -> CancelOutcome:
+        """Cancel this very task (its own caller went away, or by id). Touches nothing else.
+
+        A queued task leaves the queue and ends at once; a running one stops at the next step."""
+        with self._lock:
+            was_queued = self._queue.remove(task)
+            if was_queued:
+                task.request_cancel(source)
+                self._record_end_locked(task)
+        if was_queued:
+            now = time.perf_counter()
+            usage = Usage(prompt_tokens=len(task.prompt))
+            task.end(FinishedEvent(FinishReason.CANCELLED, usage, Timings(queue_ms=(now - task.received_at) * 1e3)))
+            task.log.info("task_cancelled", where="queue", source=source.value)
+            return CancelOutcome.CANCELLED
+        if task.request_cancel(source):
+            with self._lock:
+                self._wake.notify()
+            task.log.info("task_cancel_requested", source=source.value)
+            return CancelOutcome.CANCELLED
+        return CancelOutcome.ALREADY_FINISHED
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            return EngineStats(self._snapshot, self._counters.copy(), len(self._queue))
+
+    def close(self) -> None:
+        """Stop accepting tasks; queued and running ones go on (graceful drain)."""
+        with self._lock:
+            self._closed = True
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._live
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Cancel everything still queued or running and stop the thread."""
+        self.close()
+        with self._lock:
+            live = list(self._live.values())
+        for task in live:
+            self.cancel_task(task, CancelSource.SHUTDOWN)
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # --- the engine thread -----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        log.info("engine_started", slots=self.config.n_slots, n_ctx=self.config.n_ctx)
+        while True:
+            with self._lock:
+                while not self._stopping and not len(self._queue) and not self._busy():
+                    self._wake.wait()
+                if self._stopping:
+                    break
+            try:
+                self._iteration()
+            except Exception as exc:  # a bug in the engine itself: fail what runs, keep serving
+                log.exception("engine_iteration_failed")
+                self._recover(f"internal engine error: {exc}")
+            self._publish()
+        for slot in self.slots:
+            if slot.run is not None:
+                self._finish(slot.run, FinishReason.CANCELLED)
+        self._publish()
+        log.info("engine_stopped")
+
+    def _busy(self) -> bool:
+        return any(slot.run is not None for slot in self.slots)
+
+    def _iteration(self) -> None:
+        admitted = self._admit()
+        if admitted:
+            self._publish()
+        for run in admitted:
+            run.task.emit(
+                AcceptedEvent(
+                    task_id=run.task.id,
+                    slot_index=run.slot.index,
+                    prompt_tokens=len(run.prompt),
+                    reused_tokens=run.plan.reuse,
+                    reuse_source=run.plan.source,
+                    matched_tokens=run.plan.matched,
+                )
+            )
+        for slot in self.slots:
+            if slot.run is not None and slot.run.task.cancelled:
+                self._end_cancelled(slot.run)
+        if self._busy():
+            self._step()
+
+    def _admit(self) -> list[_Run]:
+        free = [slot for slot in self.slots if slot.run is None]
+        if not free:
+            return []
+        admitted: list[_Run] = []
+        with self._lock:
+            queued = list(self._queue)
+            plan = plan_admissions([t.prompt for t in queued], [s.view() for s in free])
+            now = time.perf_counter()
+            for i, (pos, index, _lcp) in enumerate(plan):
+                assert pos == i, "admission is FIFO"
+                task = self._queue.pop()
+                slot = self.slots[index]
+                reuse = plan_reuse(slot.tokens, task.prompt, task.cache_prompt)
+                slot.truncate(reuse.reuse)
+                task.state = TaskState.RUNNING
+                self._admissions += 1
+                run = _Run(
+                    task=task,
+                    slot=slot,
+                    plan=reuse,
+                    seq=self._admissions,
+                    admitted_at=now,
+                    text=_StopText(self.tokenizer, task.stop.stop_strings),
+                    rng=np.random.default_rng(task.params.seed),
+                    pos=reuse.reuse,
+                    history=list(task.prompt),
+                )
+                slot.run = run
+                c = self._counters
+                c.prompt_tokens_received += len(task.prompt)
+                c.prompt_tokens_reused += reuse.reuse
+                if reuse.miss_reason is not None:
+                    c.full_reprocess_by_reason[reuse.miss_reason] = (
+                        c.full_reprocess_by_reason.get(reuse.miss_reason, 0) + 1
+                    )
+                admitted.append(run)
+        for run in admitted:
+            run.task.log.info(
+                "task_admitted",
+                slot=run.slot.index,
+                prompt_tokens=len(run.prompt),
+                matched=run.plan.matched,
+                reused=run.plan.reuse,
+                miss_reason=run.plan.miss_reason,
+                queue_ms=round((run.admitted_at - run.task.received_at) * 1e3, 1),
+            )
+        return admitted
+
+    def _step(self) -> None:
+        busy = [slot for slot in self.slots if slot.run is not None]
+        work = [
+            SlotWork(s.index, s.run.decoding, len(s.run.prompt) - s.run.pos, s.run.seq)
+            for s in busy
+            if s.run is not None
+        ]
+        items = compose_batch(work, self.config.prompt_chunk)
+        segments: list[Segment] = []
+        for item in items:
+            slot = self.slots[item.index]
+            run = slot.run
+            assert run is not None
+            if item.decode:
+                assert run.next_token is not None
+                tokens = np.array([run.next_token], dtype=np.int32)
+                want = Logits.LAST
+            else:
+                end = run.pos + item.n_tokens
+                tokens = np.asarray(run.prompt[run.pos : end], dtype=np.int32)
+                want = Logits.LAST if end == len(run.prompt) else Logits.NONE
+            segments.append(Segment(slot.memory, tokens, want))
+        try:
+            outputs = self.arch.forward(segments)
+        except Exception as exc:
+            # forward advances no memory when it raises: every slot still holds exactly its tokens
+            log.exception("forward_failed", slots=[item.index for item in items])
+            for item in items:
+                run = self.slots[item.index].run
+                if run is not None:
+                    self._fail(run, f"model evaluation failed: {type(exc).__name__}: {exc}")
+            return
+        now = time.perf_counter()
+        for item, segment, logits in zip(items, segments, outputs):
+            slot = self.slots[item.index]
+            run = slot.run
+            assert run is not None
+            slot.commit(segment.tokens.tolist())
+            if item.decode:
+                run.next_token = None
+            else:
+                run.pos += item.n_tokens
+                run.processed += item.n_tokens
+                with self._lock:
+                    self._counters.prompt_tokens_processed += item.n_tokens
+                if run.pos == len(run.prompt):
+                    run.prompt_done_at = now
+            if logits is not None and not run.task.cancelled:  # a cancelled task samples nothing more
+                try:
+                    self._on_logits(run, logits, now)
+                except Exception as exc:  # sampling/decoding bug for this task: fail it alone
+                    run.task.log.exception("sampling_failed")
+                    self._fail(run, f"sampling failed: {type(exc).__name__}: {exc}")
+
+    def _on_logits(self, run: _Run, logits: np.ndarray, now: float) -> None:
+        task, stop = run.task, run.task.stop
+        logprob = self._logprob(run, logits) if task.logprobs or task.top_logprobs else None
+        token = sample(logits, run.history, task.params, run.rng)
+        if logprob is not None:
+            lp, top = logprob
+            logprob_entry: tuple[TokenLogprob, ...] = (TokenLogprob(token, float(lp[token]), top),)
+        else:
+            logprob_entry = ()
+        run.history.append(token)
+        run.generated.append(token)
+        if run.first_token_at is None:
+            run.first_token_at = now
+        run.last_token_at = now
+
+        reason: FinishReason | None = None
+        stop_string, stop_token, text = "", None, ""
+        if token in stop.stop_token_ids:
+            reason, stop_token = FinishReason.STOP_TOKEN, token
+        elif self.tokenizer.is_eog(token):
+            if not stop.ignore_eos:
+                reason, stop_token = FinishReason.EOS, token
+            # an ignored end-of-generation token contributes no text either
+        else:
+            text, hit = run.text.push(token)
+            if hit is not None:
+                reason, stop_string = FinishReason.STOP_STRING, hit
+        if reason is None:
+            if len(run.generated) >= stop.max_tokens:
+                reason = FinishReason.MAX_TOKENS
+            elif len(run.prompt) + len(run.generated) >= self.config.n_ctx:
+                reason = FinishReason.CONTEXT_FULL  # prompt + completion must fit in the context
+        if reason is not None and reason is not FinishReason.STOP_STRING:
+            text += run.text.finish()
+        task.emit(DeltaEvent((token,), text, logprob_entry))
+        if reason is None:
+            run.next_token = token
+        else:
+            self._finish(run, reason, stop_string=stop_string, stop_token_id=stop_token)
+
+    def _logprob(self, run: _Run, logits: np.ndarray) -> tuple[np.ndarray, tuple[tuple[int, float], ...]]:
+        """Log-probabilities after penalties, before temperature/top-k/top-p/min-p (see the proto)."""
+        lp = log_softmax(apply_penalties(logits, run.history, run.task.params))
+        k = min(run.task.top_logprobs, len(lp))
+        if k <= 0:
+            return lp, ()
+        idx = np.argpartition(-lp, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -lp[idx]))]
+        return lp, tuple((int(i), float(lp[i])) for i in idx)
+
+    def _end_cancelled(self, run: _Run) -> None:
+        tail = run.text.finish()
+        if tail:
+            run.task.emit(DeltaEvent((), tail))
+        self._finish(run, FinishReason.CANCELLED)
+
+    def _finish(self, run: _Run, reason: FinishReason, stop_string: str = "", stop_token_id: int | None = None) -> None:
+        now = time.perf_counter()
+        self._release(run)
+        usage, timings = run.usage(), run.timings(now)
+        event = FinishedEvent(reason, usage, timings, stop_string=stop_string, stop_token_id=stop_token_id)
+        run.task.end(event)
+        run.task.log.info(
+            "task_finished",
+            reason=reason.value,
+            slot=run.slot.index,
+            prompt_tokens=usage.prompt_tokens,
+            reused=usage.cached_prompt_tokens,
+            processed=usage.processed_prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=len(run.slot.tokens),
+            prompt_ms=round(timings.prompt_ms, 1),
+            generation_ms=round(timings.generation_ms, 1),
+        )
+
+    def _fail(self, run: _Run, message: str) -> None:
+        self._release(run)
+        run.task.end(FailedEvent(message))
+        run.task.log.error("task_failed", message=message, slot=run.slot.index)
+
+    def _release(self, run: _Run) -> None:
+        """Free the slot (it keeps its memory and tokens) and move the task to the ended list."""
+        slot = run.slot
+        slot.run = None
+        slot.last_used = self._admissions
+        with self._lock:
+            self._record_end_locked(run.task)
+
+    def _recover(self, message: str) -> None:
+        """After an unexpected engine error: fail every running task and reset any slot whose
+        bookkeeping may have lost track of its memory."""
+        for slot in self.slots:
+            if slot.run is not None:
+                self._fail(slot.run, message)
+            if not slot.consistent():
+                log.warning("slot_reset", slot=slot.index, tokens=len(slot.tokens), memory=slot.memory.n_tokens)
+                slot.memory.truncate(0)
+                slot.tokens.clear()
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+
+    def _record_end_locked(self, task: Task) -> None:
+        if self._live.get(task.id) is task:
+            del self._live[task.id]
+        now = time.monotonic()
+        self._ended[task.id] = now
+        self._ended.move_to_end(task.id)
+        self._prune_ended_locked(now)
+
+    def _prune_ended_locked(self, now: float) -> None:
+        horizon = now - self.config.ended_task_retention_s
+        while self._ended:
+            task_id, at = next(iter(self._ended.items()))
+            if at >= horizon and len(self._ended) <= self.config.ended_task_max:
+                break
+            del self._ended[task_id]
+
+    def _take_snapshot(self) -> tuple[SlotSnapshot, ...]:
+        out = []
+        for slot in self.slots:
+            run = slot.run
+            if run is None:
+                state, task_id = SlotState.IDLE, ""
+            elif run.pos < len(run.prompt):
+                state, task_id = SlotState.PROCESSING_PROMPT, run.task.id
+            else:
+                state, task_id = SlotState.GENERATING, run.task.id
+            out.append(SlotSnapshot(slot.index, state, task_id, len(slot.tokens)))
+        return tuple(out)
+
+    def _publish(self) -> None:
+        snapshot = self._take_snapshot()
+        with self._lock:
+            self._snapshot = snapshot

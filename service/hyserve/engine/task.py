@@ -1,0 +1,263 @@
+"""A task: one Generate request as the engine sees it, and the events it sends back.
+
+A task is created by the API side with its prompt tokens, sampling parameters and stop rule, its
+own cancel flag and an event sink (a thread-safe callable; the servicer's sink hands each event to
+the asyncio loop). It ends exactly once: finished (any FinishReason, CANCELLED included) or failed.
+Ending is guarded by the task's lock, so a Cancel racing with a natural finish has one outcome:
+a cancel that was registered before the end turns the end into FINISH_REASON_CANCELLED, and a
+cancel that comes after it answers "already finished".
+
+`StopStringFilter` is the text side of stopping: it withholds any text that may be the start of a
+stop string and cuts the completion at the first match (UTF-8 safety comes from the tokenizer's
+incremental decoder, which never returns part of a character).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import structlog
+
+from hyserve.engine.cancel import CancelFlag, CancelSource
+from hyserve.engine.generator import StopRule
+from hyserve.engine.sampling import SamplingParams
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "AcceptedEvent",
+    "DeltaEvent",
+    "Event",
+    "FailedEvent",
+    "FinishReason",
+    "FinishedEvent",
+    "ReuseSource",
+    "StopRule",
+    "StopStringFilter",
+    "Task",
+    "TaskState",
+    "Timings",
+    "TokenLogprob",
+    "Usage",
+    "new_task_id",
+]
+
+
+class FinishReason(Enum):
+    EOS = "eos"
+    STOP_STRING = "stop_string"
+    STOP_TOKEN = "stop_token"
+    MAX_TOKENS = "max_tokens"
+    CONTEXT_FULL = "context_full"
+    CANCELLED = "cancelled"
+
+
+class ReuseSource(Enum):
+    NONE = "none"
+    SLOT_LIVE = "slot_live"
+    CHECKPOINT = "checkpoint"
+    PREFIX_STORE = "prefix_store"
+
+
+class TaskState(Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    ENDED = "ended"
+
+
+# --- events (engine -> API) ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AcceptedEvent:
+    task_id: str
+    slot_index: int
+    prompt_tokens: int
+    reused_tokens: int
+    reuse_source: ReuseSource
+    matched_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class DeltaEvent:
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    processed_prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_ms: float = 0.0
+    prompt_ms: float = 0.0
+    generation_ms: float = 0.0
+    time_to_first_token_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class FinishedEvent:
+    reason: FinishReason
+    usage: Usage
+    timings: Timings
+    stop_string: str = ""
+    stop_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class FailedEvent:
+    """The task could not be completed (a model evaluation failed): the API answers INTERNAL."""
+
+    message: str
+
+
+Event = AcceptedEvent | DeltaEvent | FinishedEvent | FailedEvent
+EventSink = Callable[[Event], None]
+
+
+def new_task_id() -> str:
+    return str(uuid.uuid4())
+
+
+# --- the task ------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Task:
+    """One request. Identity (not the id string) is what the engine tracks: `eq=False`."""
+
+    id: str
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    stop: StopRule
+    sink: EventSink
+    logprobs: bool = False
+    top_logprobs: int = 0
+    cache_prompt: bool = True
+    # token index where each chat message starts (for checkpoints; empty for text/token input)
+    message_starts: tuple[int, ...] = ()
+    checkpoint_offsets: tuple[int, ...] = ()
+    received_at: float = field(default_factory=time.perf_counter)
+    cancel_flag: CancelFlag = field(default_factory=CancelFlag)
+    state: TaskState = TaskState.QUEUED
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    log: Any = field(init=False, repr=False)  # structlog logger bound to task_id
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("a task needs at least one prompt token")
+        self.log = log.bind(task_id=self.id)
+
+    @property
+    def ended(self) -> bool:
+        return self.state is TaskState.ENDED
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_flag.is_set()
+
+    def request_cancel(self, source: CancelSource) -> bool:
+        """Raise the cancel flag. False when the task has already ended (nothing changes)."""
+        with self._lock:
+            if self.state is TaskState.ENDED:
+                return False
+            self.cancel_flag.set(source)
+            return True
+
+    def emit(self, event: AcceptedEvent | DeltaEvent) -> None:
+        """Send a non-final event (dropped once the task has ended)."""
+        with self._lock:  # sending under the lock keeps events ordered and none after the end
+            if self.state is not TaskState.ENDED:
+                self._send(event)
+
+    def end(self, event: FinishedEvent | FailedEvent) -> bool:
+        """Send the final event; exactly once. Returns False (and sends nothing) if already ended.
+
+        A finish that races with a registered cancel is reported as CANCELLED."""
+        with self._lock:
+            if self.state is TaskState.ENDED:
+                return False
+            self.state = TaskState.ENDED
+            if (
+                isinstance(event, FinishedEvent)
+                and self.cancel_flag.is_set()
+                and event.reason is not FinishReason.CANCELLED
+            ):
+                event = FinishedEvent(FinishReason.CANCELLED, event.usage, event.timings)
+            self._send(event)
+        return True
+
+    def _send(self, event: Event) -> None:
+        # the sink must not block (the servicer's hands the event to its asyncio loop)
+        try:
+            self.sink(event)
+        except Exception:  # the receiving side is gone (e.g. its event loop closed): nothing to tell
+            self.log.warning("event_dropped", event=type(event).__name__, exc_info=True)
+
+
+# --- stop strings --------------------------------------------------------------------------------
+
+
+class StopStringFilter:
+    """Turns decoded text deltas into releasable text, holding back possible stop-string starts.
+
+    `push(text)` returns `(released, match)`: `released` is text that can be sent now; `match` is
+    the stop string found (then `released` ends right before it and the filter is done).
+    `flush()` releases whatever is still held back (call it when generation ends otherwise).
+    """
+
+    def __init__(self, stop_strings: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stop_strings if s)
+        self._longest = max((len(s) for s in self._stops), default=0)
+        self._held = ""
+        self.done = False
+
+    def push(self, text: str) -> tuple[str, str | None]:
+        if self.done:
+            return "", None
+        if not self._stops:
+            return text, None
+        buf = self._held + text
+        hit_at, hit = -1, None
+        for s in self._stops:
+            at = buf.find(s)
+            if at >= 0 and (hit is None or at < hit_at or (at == hit_at and len(s) > len(hit))):
+                hit_at, hit = at, s
+        if hit is not None:
+            self.done = True
+            self._held = ""
+            return buf[:hit_at], hit
+        keep = self._partial_suffix(buf)
+        self._held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep], None
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.done else held
+
+    def _partial_suffix(self, buf: str) -> int:
+        """Length of the longest suffix of buf that is a proper prefix of some stop string."""
+        for k in range(min(len(buf), self._longest - 1), 0, -1):
+            tail = buf[-k:]
+            if any(s.startswith(tail) for s in self._stops):
+                return k
+        return 0
