@@ -25,6 +25,12 @@ if [ "${1:-}" = "--test" ]; then
         CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF" \
             "$PY" -m pip wheel -q --no-deps --no-cache-dir -w "$WHEELS" llama-cpp-python==0.3.36
     fi
+    # Real gRPC tools for the tests: grpcurl (clients/grpcurl.md) and buf (proto lint), pinned.
+    if command -v go >/dev/null 2>&1; then
+        export GOBIN="$HOME/go/bin"
+        [ -x "$GOBIN/grpcurl" ] || go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
+        [ -x "$GOBIN/buf" ] || go install github.com/bufbuild/buf/cmd/buf@v1.50.0
+    fi
 fi
 
 "$PY" -m pip install -q --find-links "$WHEELS" ./rust_kernels -e ".[$extras]" -e ./clients/python
