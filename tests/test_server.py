@@ -515,6 +515,21 @@ def test_cache_stats(client: HyserveClient) -> None:
 # --- shutdown (keep last: it stops the module's server) --------------------------------------------
 
 
+def test_unknown_fields_from_a_newer_client_are_ignored(server: Server) -> None:
+    """Bytes carrying a field this server does not know (as a newer client may send) are served normally."""
+    request = pb.GenerateRequest(text=pb.TextInput(text="Hello"), stopping=pb.StoppingCriteria(max_tokens=3))
+    raw = request.SerializeToString() + bytes([0xF8, 0x06, 0x01])  # field 111, varint 1
+    with grpc.insecure_channel(server.target) as channel:
+        call = channel.unary_stream(
+            "/hyserve.v1.HyserveService/Generate",
+            request_serializer=lambda b: b,
+            response_deserializer=pb.GenerateResponse.FromString,
+        )
+        events = list(call(raw, timeout=120))
+    assert events[0].HasField("accepted") and events[-1].HasField("finished")
+    assert events[-1].finished.usage.completion_tokens == 3
+
+
 def test_zz_sigterm_drains_in_flight_tasks_then_exits(server: Server, client: HyserveClient) -> None:
     running = Background(client, PROMPT_B, task_id="drain-1", max_tokens=N_B)
     assert running.accepted.wait(30)

@@ -1,0 +1,174 @@
+"""Serving benchmark: N concurrent streaming gRPC clients against one `hyserve serve --parallel N`.
+
+For N in (1, 4, 8): aggregate generated tokens/s, time to first token and inter-token latency
+(p50/p99), measured by real gRPC clients on 127.0.0.1. Also the gRPC streaming overhead: one
+client's generation time against the same greedy generation in-process (same prompt, same tokens).
+Prints JSON and writes JSON + PNG under bench/results/.
+
+    python bench/serve_bench.py [--clients 1 4 8] [--max-tokens 64] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from server_process import running_server  # noqa: E402
+
+PROMPTS = [
+    "Once upon a time, in a small village by the sea,",
+    "The three most important ideas in computer science are",
+    "Here is a short recipe for a tomato soup:",
+    "The history of the printing press begins",
+    "A good way to learn a new programming language is",
+    "In the year 2050, cities will",
+    "The mitochondria is",
+    "Dear diary, today I",
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def one_stream(target: str, prompt: str, max_tokens: int, out: list[dict]) -> None:
+    from hyserve_client import HyserveClient
+
+    with HyserveClient(target) as client:
+        start = time.perf_counter()
+        stamps: list[float] = []
+        n_tokens = 0
+        for event in client.generate(prompt, max_tokens=max_tokens, ignore_eos=True):
+            kind = type(event).__name__
+            if kind == "Delta":
+                stamps.append(time.perf_counter())
+                n_tokens += len(event.token_ids)
+        end = time.perf_counter()
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    out.append({"ttft": stamps[0] - start, "gaps": gaps, "tokens": n_tokens, "seconds": end - start})
+
+
+def run_clients(target: str, n: int, max_tokens: int) -> dict:
+    results: list[dict] = []
+    threads = [
+        threading.Thread(target=one_stream, args=(target, PROMPTS[i % len(PROMPTS)], max_tokens, results))
+        for i in range(n)
+    ]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    gaps = [g for r in results for g in r["gaps"]]
+    ttfts = [r["ttft"] for r in results]
+    return {
+        "clients": n,
+        "aggregate_tok_s": sum(r["tokens"] for r in results) / wall,
+        "ttft_p50_ms": 1e3 * percentile(ttfts, 50),
+        "ttft_p99_ms": 1e3 * percentile(ttfts, 99),
+        "itl_p50_ms": 1e3 * percentile(gaps, 50),
+        "itl_p99_ms": 1e3 * percentile(gaps, 99),
+        "wall_s": wall,
+    }
+
+
+def in_process_seconds(prompt: str, max_tokens: int, threads: int) -> float:
+    import hyserve_kernels
+
+    from hyserve.engine.generator import StopRule, generate
+    from hyserve.engine.sampling import SamplingParams
+    from hyserve.model.loader import load_model
+
+    hyserve_kernels.set_num_threads(threads)
+    model = load_model("default")
+    tokens = model.tokenizer.encode(prompt)
+    stop = StopRule(max_tokens=max_tokens, ignore_eos=True)
+    list(generate(model, tokens, SamplingParams(), stop))  # warm-up
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        list(generate(model, tokens, SamplingParams(), stop))
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def grpc_seconds(target: str, prompt: str, max_tokens: int) -> float:
+    samples = []
+    for _ in range(3):
+        out: list[dict] = []
+        one_stream(target, prompt, max_tokens, out)
+        samples.append(out[0]["seconds"])
+    return statistics.median(samples)
+
+
+def draw(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["concurrency"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    xs = [str(r["clients"]) for r in rows]
+    bars = axes[0].bar(xs, [r["aggregate_tok_s"] for r in rows], color="#2a7ab0")
+    axes[0].bar_label(bars, fmt="%.0f")
+    axes[0].set_title("aggregate generated tok/s")
+    axes[0].set_xlabel("concurrent clients (= --parallel)")
+    axes[1].plot(xs, [r["itl_p50_ms"] for r in rows], "o-", label="ITL p50")
+    axes[1].plot(xs, [r["itl_p99_ms"] for r in rows], "o-", label="ITL p99")
+    axes[1].plot(xs, [r["ttft_p50_ms"] for r in rows], "s--", label="TTFT p50")
+    axes[1].set_ylabel("ms")
+    axes[1].legend()
+    axes[1].set_title(f"gRPC overhead vs in-process: {100 * result['grpc_overhead']:.1f}%")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    base_s = in_process_seconds(PROMPTS[0], args.max_tokens, args.threads)
+    rows = []
+    for n in args.clients:
+        log = args.out / f"serve_bench_server_{n}.log"
+        server_args = ["--model", "default", "--parallel", str(n), "--ctx-size", "1024", "--threads", str(args.threads)]
+        with running_server(log, *server_args) as target:
+            run_clients(target, n, 8)  # warm-up
+            rows.append(run_clients(target, n, args.max_tokens))
+            if n == 1:
+                grpc_s = grpc_seconds(target, PROMPTS[0], args.max_tokens)
+        log.unlink(missing_ok=True)
+    one = next(r for r in rows if r["clients"] == 1)
+    result = {
+        "model": "gemma-3-270m-q4_k_m (default)",
+        "threads": args.threads,
+        "max_tokens": args.max_tokens,
+        "concurrency": rows,
+        "in_process_s": base_s,
+        "grpc_one_client_s": grpc_s,
+        "grpc_overhead": grpc_s / base_s - 1.0,
+        "speedup_vs_one_client": {r["clients"]: r["aggregate_tok_s"] / one["aggregate_tok_s"] for r in rows},
+    }
+    (args.out / "serve_gemma3_270m.json").write_text(json.dumps(result, indent=2) + "\n")
+    draw(result, args.out / "serve_gemma3_270m.png")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
