@@ -11,6 +11,7 @@ Prints JSON and writes JSON + PNG under bench/results/.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -22,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from server_process import running_server  # noqa: E402
+from server_process import running_server
 
 PROMPTS = [
     "Once upon a time, in a small village by the sea,",
@@ -53,7 +54,7 @@ def one_stream(target: str, prompt: str, max_tokens: int, out: list[dict]) -> No
                 stamps.append(time.perf_counter())
                 n_tokens += len(event.token_ids)
         end = time.perf_counter()
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     out.append({"ttft": stamps[0] - start, "gaps": gaps, "tokens": n_tokens, "seconds": end - start})
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -110,7 +111,13 @@ def run_serve(args: argparse.Namespace) -> int:
             raise SystemExit(f"hyserve serve: --{name.replace('_', '-')} must be >= 1")
     if config.queue_size < 0:
         raise SystemExit("hyserve serve: --queue-size must be >= 0")
+    # The engine thread drops and retakes the GIL around every kernel call (~170 per token); with
+    # the default 5 ms switch interval it can wait that long behind the asyncio thread each time.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     return asyncio.run(serve(config))
+
+
+GIL_SWITCH_INTERVAL_S = 0.0002
 
 
 async def _in_thread(fn: Callable[[], T]) -> T:
