@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from hyserve_kernels import CancelFlag
 
 from hyserve.engine.cancel import CancelSource
 from hyserve.engine.engine import CancelOutcome, DuplicateTaskError, Engine, EngineConfig, SlotState
@@ -44,7 +45,7 @@ from hyserve.engine.task import (
     Timings,
     Usage,
 )
-from hyserve.model.architectures.base import Architecture, Logits, Segment
+from hyserve.model.architectures.base import Architecture, ForwardCancelled, Logits, Segment
 from hyserve.model.memory import SequenceMemory
 
 # --- common_prefix_len / choose_slot / plan_admissions --------------------------------------------
@@ -295,6 +296,7 @@ class FakeArch(Architecture):
         self.entered = threading.Event()
         self.fail_next = False
         self.delay = 0.0  # seconds per forward call
+        self.honor_cancel = False  # True: stop mid-forward on the task's flag, like the real model
         self.calls: list[list[tuple[int, int]]] = []
 
     def new_memory(self, n_ctx: int) -> SequenceMemory:
@@ -307,10 +309,12 @@ class FakeArch(Architecture):
             h = (h * 31 + (i + 1) * (int(t) + 7)) % 1_000_003
         return 2 + h % (VOCAB - 2)  # never EOG
 
-    def forward(self, segments: Sequence[Segment]) -> list[np.ndarray | None]:
+    def forward(self, segments: Sequence[Segment], cancel: CancelFlag | None = None) -> list[np.ndarray | None]:
         self.entered.set()
         self.gate.wait(10)
         time.sleep(self.delay)
+        if self.honor_cancel and cancel is not None and cancel.is_set():
+            raise ForwardCancelled  # as the real model does at its next layer boundary
         self.calls.append([(id(s.memory), len(s.tokens)) for s in segments])
         if self.fail_next:
             self.fail_next = False
@@ -538,6 +542,24 @@ def test_engine_cancel_during_prompt_keeps_the_evaluated_chunks_for_a_retry(make
     events = submit(engine, "a2", long_prompt, max_tokens=4).wait_end()
     assert events[0].reused_tokens == 4  # type: ignore[union-attr]
     assert tokens_of(events) == reference(long_prompt, 4)
+
+
+def test_engine_cancel_inside_a_forward_commits_nothing_of_that_chunk(make_engine, arch: FakeArch) -> None:
+    """A batch of one task gets the task's flag: the forward stops early and no half-made chunk lands."""
+    engine = make_engine()
+    arch.honor_cancel = True
+    long_prompt = list(range(2, 30))
+    arch.gate.clear()
+    arch.entered.clear()
+    a = submit(engine, "a", long_prompt, max_tokens=4)
+    assert arch.entered.wait(5)
+    engine.cancel("a")
+    arch.gate.set()
+    fin = finished_of(a.wait_end())
+    assert fin.reason is FinishReason.CANCELLED and fin.usage.processed_prompt_tokens == 0
+    assert engine.slots[0].tokens == [] and engine.slots[0].memory.n_tokens == 0
+    slot_consistent(engine)
+    assert tokens_of(submit(engine, "b", long_prompt, max_tokens=4).wait_end()) == reference(long_prompt, 4)
 
 
 def test_engine_two_slots_batch_and_give_the_same_results(make_engine, arch: FakeArch) -> None:

@@ -128,3 +128,19 @@ def test_cli_generate_greedy_and_seeded() -> None:
     seeded = [run_cli("Once upon a time", "--max-tokens", "12", "--temperature", "1.0", "--seed", s) for s in "112"]
     assert seeded[0] == seeded[1]
     assert seeded[0] != seeded[2] or seeded[0] != greedy
+
+
+def test_a_set_cancel_flag_stops_the_forward_and_advances_nothing(gemma_model) -> None:
+    import hyserve_kernels as hk
+
+    from hyserve.model.architectures.base import ForwardCancelled
+
+    tokens = gemma_model.tokenizer.encode("A prompt that will be cancelled before it is evaluated.")
+    memory, flag = gemma_model.arch.new_memory(256), hk.CancelFlag()
+    gemma_model.arch.forward([Segment(memory, np.asarray(tokens[:3], np.int32), Logits.NONE)], cancel=flag)
+    flag.set()
+    with pytest.raises(ForwardCancelled):
+        gemma_model.arch.forward([Segment(memory, np.asarray(tokens[3:], np.int32), Logits.ALL)], cancel=flag)
+    assert memory.n_tokens == 3
+    rest = gemma_model.arch.forward([Segment(memory, np.asarray(tokens[3:], np.int32), Logits.ALL)])[0]
+    np.testing.assert_array_equal(rest, all_logits(gemma_model, tokens)[3:])

@@ -254,3 +254,16 @@ def test_attention_paths_are_bit_identical() -> None:
     finally:
         hk.set_force_scalar(False)
     np.testing.assert_array_equal(hk.attention(q, k.view(np.uint16), v.view(np.uint16), pos, 16), scalar)
+
+
+def test_cancel_flag_stops_a_matmul_and_is_per_flag() -> None:
+    w, _, x = weight_and_input(Q.Q5_0, 300, 96, 8)
+    mine, other = hk.CancelFlag(), hk.CancelFlag()
+    np.testing.assert_array_equal(hk.matmul(w, x, cancel=mine), hk.matmul(w, x))
+    mine.set()
+    assert mine.is_set() and bool(mine) and not other.is_set()
+    with pytest.raises(hk.Cancelled):
+        hk.matmul(w, x, cancel=mine)
+    with pytest.raises(hk.Cancelled):
+        hk.matmul_many([w, w], x, cancel=mine)
+    np.testing.assert_array_equal(hk.matmul(w, x, cancel=other), hk.matmul(w, x))

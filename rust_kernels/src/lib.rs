@@ -4,6 +4,7 @@
 //! GGUF memory map: `QMatrix` keeps a reference to the numpy view and reads its bytes in place.
 
 pub mod attention;
+pub mod cancel;
 pub mod matmul;
 pub mod ops;
 pub mod quant;
@@ -16,9 +17,44 @@ use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2,
     PyReadonlyArray3, PyReadwriteArray2, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use quant::GgmlType;
+
+pyo3::create_exception!(
+    _native,
+    Cancelled,
+    PyException,
+    "A kernel stopped early because its task's CancelFlag was set."
+);
+
+/// One task's cancel flag (an atomic). Set from any thread; kernels given it poll it and stop early.
+#[pyclass(frozen, module = "hyserve_kernels")]
+struct CancelFlag {
+    flag: cancel::Flag,
+}
+
+#[pymethods]
+impl CancelFlag {
+    #[new]
+    fn new() -> Self {
+        Self {
+            flag: cancel::Flag::default(),
+        }
+    }
+
+    fn set(&self) {
+        self.flag.set();
+    }
+
+    fn is_set(&self) -> bool {
+        self.flag.is_set()
+    }
+
+    fn __bool__(&self) -> bool {
+        self.flag.is_set()
+    }
+}
 
 fn value_error(msg: impl Into<String>) -> PyErr {
     PyValueError::new_err(msg.into())
@@ -106,11 +142,14 @@ impl QMatrix {
 }
 
 /// `y[m, n] = x[m, :] · W[n, :]` for each weight; activations are converted once per format.
+/// With `cancel`, the work stops early once the flag is set and `Cancelled` is raised.
 #[pyfunction]
+#[pyo3(signature = (weights, x, cancel=None))]
 fn matmul_many<'py>(
     py: Python<'py>,
     weights: Vec<PyRef<'py, QMatrix>>,
     x: PyReadonlyArray2<'py, f32>,
+    cancel: Option<PyRef<'py, CancelFlag>>,
 ) -> PyResult<Vec<Bound<'py, PyArray2<f32>>>> {
     let (m, cols) = (x.shape()[0], x.shape()[1]);
     if weights.is_empty() {
@@ -126,14 +165,18 @@ fn matmul_many<'py>(
     }
     let xs = contiguous(&x, "x")?;
     let ws: Vec<Weight> = weights.iter().map(|w| w.weight()).collect();
+    let flag = cancel.map(|c| c.flag.clone());
     let results = py.detach(|| {
         let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; m * w.rows]).collect();
         threads::run(|| {
             let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-            matmul::matmul_many(&ws, xs, m, &mut outs);
+            matmul::matmul_many(&ws, xs, m, &mut outs, flag.as_ref());
         });
         bufs
     });
+    if flag.as_ref().is_some_and(|f| f.is_set()) {
+        return Err(Cancelled::new_err("cancelled"));
+    }
     Ok(results
         .into_iter()
         .zip(&ws)
@@ -146,13 +189,14 @@ fn matmul_many<'py>(
 }
 
 #[pyfunction]
-#[pyo3(name = "matmul")]
+#[pyo3(name = "matmul", signature = (weight, x, cancel=None))]
 fn py_matmul<'py>(
     py: Python<'py>,
     weight: PyRef<'py, QMatrix>,
     x: PyReadonlyArray2<'py, f32>,
+    cancel: Option<PyRef<'py, CancelFlag>>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    Ok(matmul_many(py, vec![weight], x)?.pop().unwrap())
+    Ok(matmul_many(py, vec![weight], x, cancel)?.pop().unwrap())
 }
 
 /// Dequantize the given rows of a weight (all rows when `ids` is None) to f32.
@@ -399,6 +443,8 @@ fn simd_path() -> &'static str {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<QMatrix>()?;
+    m.add_class::<CancelFlag>()?;
+    m.add("Cancelled", m.py().get_type::<Cancelled>())?;
     m.add_function(wrap_pyfunction!(py_matmul, m)?)?;
     m.add_function(wrap_pyfunction!(matmul_many, m)?)?;
     m.add_function(wrap_pyfunction!(get_rows, m)?)?;

@@ -2,6 +2,7 @@
 //! result never depends on the other rows in the batch (batch invariance). Weight rows are split
 //! into chunks across threads; a chunk stays in cache while every activation row passes over it.
 
+use crate::cancel::Flag;
 use crate::quant::{vec_dot, vec_dot_4rows, vec_dot_rows, Activations, GgmlType};
 use rayon::prelude::*;
 
@@ -32,7 +33,14 @@ unsafe impl Sync for OutPtr {}
 
 /// Several weights applied to the same activations `x` (`m` rows of `cols`), in one parallel pass.
 /// `outs[i]` receives `m × ws[i].rows` floats, row-major. Activations are converted once per format.
-pub fn matmul_many(ws: &[Weight], x: &[f32], m: usize, outs: &mut [&mut [f32]]) {
+/// A set `cancel` flag makes the remaining row chunks return at once (outputs then undefined).
+pub fn matmul_many(
+    ws: &[Weight],
+    x: &[f32],
+    m: usize,
+    outs: &mut [&mut [f32]],
+    cancel: Option<&Flag>,
+) {
     assert_eq!(ws.len(), outs.len());
     let cols = ws[0].cols;
     assert!(ws.iter().all(|w| w.cols == cols) && x.len() == m * cols);
@@ -60,6 +68,9 @@ pub fn matmul_many(ws: &[Weight], x: &[f32], m: usize, outs: &mut [&mut [f32]]) 
         assert_eq!(o.len(), m * w.rows);
     }
     tasks.par_iter().for_each(|&(wi, start)| {
+        if cancel.is_some_and(|c| c.is_set()) {
+            return; // the caller reports the cancel; these outputs are never used
+        }
         let w = &ws[wi];
         let acts = act_for(w.t);
         let out = ptrs[wi];

@@ -145,10 +145,10 @@ fn matmul_rows_do_not_depend_on_the_batch() {
         };
         let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
         let mut all = vec![0.0f32; m * rows];
-        matmul_many(&[w], &x, m, &mut [&mut all]);
+        matmul_many(&[w], &x, m, &mut [&mut all], None);
         for r in 0..m {
             let mut one = vec![0.0f32; rows];
-            matmul_many(&[w], &x[r * cols..(r + 1) * cols], 1, &mut [&mut one]);
+            matmul_many(&[w], &x[r * cols..(r + 1) * cols], 1, &mut [&mut one], None);
             assert_eq!(
                 one.as_slice(),
                 &all[r * rows..(r + 1) * rows],

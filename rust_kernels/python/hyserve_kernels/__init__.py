@@ -1,6 +1,8 @@
 """SIMD CPU kernels for hyserve (Rust, PyO3). See rust_kernels/src for the implementations."""
 
 from hyserve_kernels._native import (
+    CancelFlag,
+    Cancelled,
     QMatrix,
     attention,
     geglu,
@@ -19,6 +21,8 @@ from hyserve_kernels._native import (
 )
 
 __all__ = [
+    "CancelFlag",
+    "Cancelled",
     "QMatrix",
     "attention",
     "geglu",

@@ -1,14 +1,16 @@
 """A task's own cancel flag. There is deliberately no process-wide stop flag anywhere.
 
-The flag is a `threading.Event`: setting it from the asyncio side (Cancel RPC, client disconnect,
-deadline) and reading it from the engine thread needs no further locking. The engine reads it at
-every step boundary (between prompt chunks and decode steps).
+The flag is an atomic owned by the Rust kernel wheel (`hyserve_kernels.CancelFlag`): the asyncio
+side sets it (Cancel RPC, client disconnect, deadline), the engine reads it at every step boundary,
+and when a batch holds only this task the model polls it between layers and the matmul kernels
+between row chunks, so a long prompt chunk stops early.
 """
 
 from __future__ import annotations
 
-import threading
 from enum import Enum
+
+import hyserve_kernels
 
 
 class CancelSource(Enum):
@@ -22,19 +24,19 @@ class CancelSource(Enum):
 class CancelFlag:
     """Set once, never cleared. Owned by exactly one task."""
 
-    __slots__ = ("_event", "source")
+    __slots__ = ("native", "source")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self.native = hyserve_kernels.CancelFlag()
         self.source: CancelSource | None = None
 
     def set(self, source: CancelSource) -> None:
-        if not self._event.is_set():
+        if not self.native.is_set():
             self.source = source
-            self._event.set()
+            self.native.set()
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self.native.is_set()
 
     def __bool__(self) -> bool:
-        return self._event.is_set()
+        return self.native.is_set()

@@ -55,7 +55,7 @@ from hyserve.engine.task import (
     TokenLogprob,
     Usage,
 )
-from hyserve.model.architectures.base import Architecture, Logits, Segment
+from hyserve.model.architectures.base import Architecture, ForwardCancelled, Logits, Segment
 from hyserve.model.memory import SequenceMemory
 from hyserve.model.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -457,8 +457,14 @@ class Engine:
                 tokens = np.asarray(run.prompt[run.pos : end], dtype=np.int32)
                 want = Logits.LAST if end == len(run.prompt) else Logits.NONE
             segments.append(Segment(slot.memory, tokens, want))
+        # Only a batch of one task may stop mid-forward: other tasks' rows must go on untouched.
+        only = self.slots[items[0].index].run if len(items) == 1 else None
         try:
-            outputs = self.arch.forward(segments)
+            outputs = self.arch.forward(segments, only.task.cancel_flag.native if only else None)
+        except ForwardCancelled:
+            # nothing advanced: the slot still holds exactly its tokens; the next iteration ends the task
+            log.info("forward_cancelled", slot=items[0].index)
+            return
         except Exception as exc:
             # forward advances no memory when it raises: every slot still holds exactly its tokens
             log.exception("forward_failed", slots=[item.index for item in items])

@@ -8,8 +8,13 @@ from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
+from hyserve_kernels import CancelFlag
 
 from hyserve.model.memory import SequenceMemory
+
+
+class ForwardCancelled(Exception):
+    """The forward call stopped early because its cancel flag was set. No memory advanced."""
 
 
 class Logits(Enum):
@@ -36,10 +41,17 @@ class Architecture(ABC):
     def new_memory(self, n_ctx: int) -> SequenceMemory: ...
 
     @abstractmethod
-    def forward(self, segments: Sequence[Segment]) -> list[np.ndarray | None]:
+    def forward(self, segments: Sequence[Segment], cancel: CancelFlag | None = None) -> list[np.ndarray | None]:
         """Evaluate every segment in one batch. Returns per segment the logits requested
         (LAST: shape [n_vocab], ALL: [len(tokens), n_vocab], NONE: None) and advances each memory.
-        A row's result is independent of the other rows in the batch (batch invariance)."""
+        A row's result is independent of the other rows in the batch (batch invariance).
+        With `cancel` (a task's flag), it raises `ForwardCancelled` at the next layer boundary once
+        the flag is set, advancing no memory."""
+
+
+def check_cancel(cancel: CancelFlag | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise ForwardCancelled
 
 
 def segment_rows(segments: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, list[slice]]:

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import hyserve_kernels as hk
 import numpy as np
 
-from hyserve.model.architectures.base import Architecture, Segment, logit_rows, segment_rows, split_logits
+from hyserve.model.architectures.base import (
+    Architecture,
+    ForwardCancelled,
+    Segment,
+    check_cancel,
+    logit_rows,
+    segment_rows,
+    split_logits,
+)
 from hyserve.model.architectures.common import advance, attend
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
@@ -97,13 +105,20 @@ class Gemma3(Architecture):
     def new_memory(self, n_ctx: int) -> SequenceMemory:
         return SequenceMemory(n_ctx, {il: KVCache(n_ctx, self.n_kv, self.head_dim) for il in range(self.n_layer)})
 
-    def forward(self, segments: Sequence[Segment]) -> list[np.ndarray | None]:
+    def forward(self, segments: Sequence[Segment], cancel: hk.CancelFlag | None = None) -> list[np.ndarray | None]:
+        try:
+            return self._forward(segments, cancel)
+        except hk.Cancelled:
+            raise ForwardCancelled from None
+
+    def _forward(self, segments: Sequence[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, pos, spans = segment_rows(segments)
         rows, hd, eps = len(tokens), self.head_dim, self.eps
         h = hk.get_rows(self.token_embd, tokens) * self.embd_scale
         for il, L in enumerate(self.layers):
+            check_cancel(cancel)
             x = hk.rms_norm(h, L.attn_norm, eps)
-            q, k, v = hk.matmul_many([L.wq, L.wk, L.wv], x)
+            q, k, v = hk.matmul_many([L.wq, L.wk, L.wv], x, cancel)
             q = hk.rms_norm(q.reshape(-1, hd), L.q_norm, eps).reshape(rows, -1)
             k = hk.rms_norm(k.reshape(-1, hd), L.k_norm, eps).reshape(rows, -1)
             hk.rope(q, self.n_head, pos, hd, L.rope_base, L.rope_scale, True)
@@ -121,7 +136,7 @@ class Gemma3(Architecture):
             )
             h = h + hk.rms_norm(hk.matmul(L.wo, a), L.post_attn_norm, eps)
             x = hk.rms_norm(h, L.ffn_norm, eps)
-            gate, up = hk.matmul_many([L.w_gate, L.w_up], x)
+            gate, up = hk.matmul_many([L.w_gate, L.w_up], x, cancel)
             h = h + hk.rms_norm(hk.matmul(L.w_down, hk.geglu(gate, up)), L.post_ffn_norm, eps)
         advance(segments)
         wanted = logit_rows(segments, spans)
