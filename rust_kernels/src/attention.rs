@@ -23,6 +23,8 @@ pub struct AttentionShape {
     pub n_kv: usize,
     pub head_dim: usize,
     pub window: usize,
+    /// multiplies the scores before the softmax (ggml's `soft_max_ext` scale); 1.0 when Q is pre-scaled
+    pub kq_scale: f32,
 }
 
 /// The 8-lane horizontal sum used by ggml/tinyBLAS on x86: ((x0+x4)+(x2+x6)) + ((x1+x5)+(x3+x7)).
@@ -39,7 +41,7 @@ fn f16_to_f32(bits: u16) -> f32 {
 
 /// ggml's AVX2 `ggml_v_expf` evaluated lane by lane (same constants, same fused operations).
 #[inline(always)]
-fn expf_ggml(x: f32) -> f32 {
+pub(crate) fn expf_ggml(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
     let n = z - r;
@@ -105,6 +107,7 @@ struct Keys {
     kv_off: usize,
     first: usize,
     last: usize,
+    kq_scale: f32,
 }
 
 /// One (row, head): scores, ggml softmax, f16 probabilities, weighted sum of values.
@@ -115,12 +118,13 @@ fn head<const AVX: bool>(q: &[f32], k: &[u16], v: &[u16], keys: Keys, o: &mut [f
         kv_off,
         first,
         last,
+        kq_scale,
     } = keys;
     let hd = q.len();
     let qh: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
     let key = |j: usize| j * kv_row + kv_off;
     let mut p: Vec<f32> = (first..=last)
-        .map(|j| score::<AVX>(&qh, &k[key(j)..key(j) + hd]))
+        .map(|j| score::<AVX>(&qh, &k[key(j)..key(j) + hd]) * kq_scale)
         .collect();
     let max = p.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     for x in p.iter_mut() {
@@ -208,6 +212,7 @@ pub fn attention(
             kv_off: (h / group) * hd,
             first,
             last,
+            kq_scale: s.kq_scale,
         };
         #[cfg(target_arch = "x86_64")]
         if use_avx2 {

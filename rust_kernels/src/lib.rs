@@ -368,7 +368,7 @@ fn silu<'py>(
 /// (cache_len × n_kv × head_dim, as uint16 bits); row i at `positions[i]` sees keys up to it,
 /// within `window` if nonzero.
 #[pyfunction]
-#[pyo3(name = "attention", signature = (q, k, v, positions, window=0))]
+#[pyo3(name = "attention", signature = (q, k, v, positions, window=0, kq_scale=1.0))]
 fn py_attention<'py>(
     py: Python<'py>,
     q: PyReadonlyArray3<'py, f32>,
@@ -376,6 +376,7 @@ fn py_attention<'py>(
     v: PyReadonlyArray3<'py, u16>,
     positions: PyReadonlyArray1<'py, i32>,
     window: usize,
+    kq_scale: f32,
 ) -> PyResult<Bound<'py, PyArray3<f32>>> {
     let (rows, n_head, hd) = (q.shape()[0], q.shape()[1], q.shape()[2]);
     let (cache_len, n_kv) = (k.shape()[0], k.shape()[1]);
@@ -403,6 +404,7 @@ fn py_attention<'py>(
         n_kv,
         head_dim: hd,
         window,
+        kq_scale,
     };
     let out = py.detach(|| {
         let mut out = vec![0.0f32; rows * n_head * hd];

@@ -102,9 +102,10 @@ pub fn gelu(x: f32) -> f32 {
     }
 }
 
+/// SiLU as ggml's vectorised CPU path computes it: `x / (1 + exp(-x))` with ggml's exp.
 #[inline]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + crate::attention::expf_ggml(-x))
 }
 
 /// `out = act(gate) * up`, elementwise (GEGLU with `gelu`, SwiGLU with `silu`).

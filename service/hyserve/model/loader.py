@@ -11,6 +11,7 @@ import structlog
 
 from hyserve.model.architectures.base import Architecture
 from hyserve.model.architectures.gemma3 import Gemma3
+from hyserve.model.architectures.llama import Llama, Qwen
 from hyserve.model.chat_template import ChatTemplate
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 from hyserve.model.tokenizer import Tokenizer
@@ -19,6 +20,9 @@ log = structlog.get_logger(__name__)
 
 ARCHITECTURES: dict[str, Callable[[GGUFFile], Architecture]] = {
     "gemma3": Gemma3,
+    "llama": Llama,
+    "qwen2": Qwen,
+    "qwen3": Qwen,
 }
 
 

@@ -44,6 +44,9 @@ class WeightLoader:
             raise GGUFError(f"{self.gguf.path}: tensor {name!r} has shape {info.shape}, expected a matrix")
         return QMatrix(info.data, int(info.ggml_type), info.n_rows, info.row_len)
 
+    def optional_vector(self, name: str, length: int | None = None) -> np.ndarray | None:
+        return self.vector(name, length) if self.has(name) else None
+
     def vector(self, name: str, length: int | None = None) -> np.ndarray:
         """A small tensor (norm weights, biases) as a contiguous f32 array."""
         info = self.gguf.tensor(name)

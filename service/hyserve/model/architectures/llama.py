@@ -1,0 +1,150 @@
+"""The plain transformer family as llama.cpp runs it: `llama` (RoPE on adjacent pairs), `qwen2`
+(NeoX RoPE, q/k/v biases) and `qwen3` (NeoX RoPE, per-head RMSNorm of q and k). Pre-norm blocks,
+SwiGLU FFN, grouped-query attention with the scale applied to the scores (not to Q).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import hyserve_kernels as hk
+import numpy as np
+
+from hyserve.model.architectures.base import (
+    Architecture,
+    ForwardCancelled,
+    Segment,
+    check_cancel,
+    logit_rows,
+    segment_rows,
+    split_logits,
+)
+from hyserve.model.architectures.common import advance, attend
+from hyserve.model.gguf_file import GGUFFile
+from hyserve.model.hparams import HParams
+from hyserve.model.memory import KVCache, SequenceMemory
+from hyserve.model.weights import WeightLoader
+
+
+@dataclass
+class _Layer:
+    attn_norm: np.ndarray
+    wq: hk.QMatrix
+    wk: hk.QMatrix
+    wv: hk.QMatrix
+    bias_qkv: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    q_norm: np.ndarray | None
+    k_norm: np.ndarray | None
+    wo: hk.QMatrix
+    ffn_norm: np.ndarray
+    w_gate: hk.QMatrix
+    w_up: hk.QMatrix
+    w_down: hk.QMatrix
+
+
+class Llama(Architecture):
+    name = "llama"
+    neox_rope: ClassVar[bool] = False
+
+    def __init__(self, gguf: GGUFFile) -> None:
+        hp = HParams(gguf)
+        w = WeightLoader(gguf)
+        self.name = gguf.architecture
+        self.n_embd = hp.int("embedding_length")
+        self.n_layer = hp.int("block_count")
+        self.n_head = hp.int("attention.head_count")
+        self.n_kv = hp.int("attention.head_count_kv", self.n_head)
+        self.head_dim = hp.int("attention.key_length", self.n_embd // self.n_head)
+        self.n_rot = hp.int("rope.dimension_count", self.head_dim)
+        self.rope_base = hp.float("rope.freq_base", 10000.0)
+        linear = hp.optional("rope.scaling.type") == "linear"
+        self.rope_scale = 1.0 / hp.float("rope.scaling.factor", 1.0) if linear else 1.0
+        self.eps = hp.float("attention.layer_norm_rms_epsilon", 1e-6)
+        self.n_ctx_train = hp.int("context_length")
+        self.kq_scale = 1.0 / math.sqrt(self.head_dim)
+
+        self.token_embd = w.matrix("token_embd.weight")
+        self.n_vocab = self.token_embd.rows
+        self.output = w.matrix("output.weight") if w.has("output.weight") else self.token_embd
+        self.output_norm = w.vector("output_norm.weight", self.n_embd)
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv * self.head_dim
+        self.layers = []
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            biased = w.has(p + "attn_q.bias")
+            self.layers.append(
+                _Layer(
+                    attn_norm=w.vector(p + "attn_norm.weight", self.n_embd),
+                    wq=w.matrix(p + "attn_q.weight"),
+                    wk=w.matrix(p + "attn_k.weight"),
+                    wv=w.matrix(p + "attn_v.weight"),
+                    bias_qkv=(
+                        w.vector(p + "attn_q.bias", q_dim),
+                        w.vector(p + "attn_k.bias", kv_dim),
+                        w.vector(p + "attn_v.bias", kv_dim),
+                    )
+                    if biased
+                    else None,
+                    q_norm=w.optional_vector(p + "attn_q_norm.weight", self.head_dim),
+                    k_norm=w.optional_vector(p + "attn_k_norm.weight", self.head_dim),
+                    wo=w.matrix(p + "attn_output.weight"),
+                    ffn_norm=w.vector(p + "ffn_norm.weight", self.n_embd),
+                    w_gate=w.matrix(p + "ffn_gate.weight"),
+                    w_up=w.matrix(p + "ffn_up.weight"),
+                    w_down=w.matrix(p + "ffn_down.weight"),
+                )
+            )
+
+    def new_memory(self, n_ctx: int) -> SequenceMemory:
+        return SequenceMemory(n_ctx, {il: KVCache(n_ctx, self.n_kv, self.head_dim) for il in range(self.n_layer)})
+
+    def forward(self, segments: list[Segment], cancel: hk.CancelFlag | None = None) -> list[np.ndarray | None]:
+        try:
+            return self._forward(segments, cancel)
+        except hk.Cancelled:
+            raise ForwardCancelled from None
+
+    def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
+        tokens, pos, spans = segment_rows(segments)
+        rows, hd, eps = len(tokens), self.head_dim, self.eps
+        h = hk.get_rows(self.token_embd, tokens)
+        for il, L in enumerate(self.layers):
+            check_cancel(cancel)
+            x = hk.rms_norm(h, L.attn_norm, eps)
+            q, k, v = hk.matmul_many([L.wq, L.wk, L.wv], x, cancel)
+            if L.bias_qkv is not None:
+                q, k, v = q + L.bias_qkv[0], k + L.bias_qkv[1], v + L.bias_qkv[2]
+            if L.q_norm is not None and L.k_norm is not None:
+                q = hk.rms_norm(q.reshape(-1, hd), L.q_norm, eps).reshape(rows, -1)
+                k = hk.rms_norm(k.reshape(-1, hd), L.k_norm, eps).reshape(rows, -1)
+            q, k = np.ascontiguousarray(q), np.ascontiguousarray(k)
+            hk.rope(q, self.n_head, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
+            hk.rope(k, self.n_kv, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
+            a = attend(
+                segments,
+                spans,
+                il,
+                q.reshape(rows, self.n_head, hd),
+                k.reshape(rows, self.n_kv, hd),
+                np.ascontiguousarray(v).reshape(rows, self.n_kv, hd),
+                pos,
+                kq_scale=self.kq_scale,
+            )
+            h = h + hk.matmul(L.wo, a)
+            x = hk.rms_norm(h, L.ffn_norm, eps)
+            gate, up = hk.matmul_many([L.w_gate, L.w_up], x, cancel)
+            h = h + hk.matmul(L.w_down, hk.swiglu(gate, up))
+        advance(segments)
+        wanted = logit_rows(segments, spans)
+        if len(wanted) == 0:
+            return split_logits(segments, spans, np.empty((0, self.n_vocab), np.float32))
+        logits = hk.matmul(self.output, hk.rms_norm(np.ascontiguousarray(h[wanted]), self.output_norm, eps))
+        return split_logits(segments, spans, logits)
+
+
+class Qwen(Llama):
+    """`qwen2` and `qwen3`: NeoX RoPE (qwen3's q/k norms and qwen2's biases are read when present)."""
+
+    neox_rope = True
