@@ -122,6 +122,17 @@ def test_plan_reuse_keeps_one_token_to_evaluate() -> None:
     assert (single.matched, single.reuse, single.miss_reason) == (1, 0, "single_token_prompt")
 
 
+def test_plan_reuse_recurrent_memory_resumes_only_at_its_live_end() -> None:
+    cached = [1, 2, 3, 4]
+    extension = plan_reuse(cached, [1, 2, 3, 4, 5, 6], truncatable=False)
+    assert (extension.reuse, extension.source) == (4, ReuseSource.SLOT_LIVE)
+    edited = plan_reuse(cached, [1, 2, 9, 9, 9], truncatable=False)
+    assert (edited.matched, edited.reuse, edited.miss_reason) == (2, 0, "recurrent_state_not_at_resume_point")
+    resend = plan_reuse(cached, cached, truncatable=False)  # the last token must be re-evaluated: no checkpoint yet
+    assert (resend.reuse, resend.miss_reason) == (0, "recurrent_state_not_at_resume_point")
+    assert plan_reuse([], [1, 2], truncatable=False).miss_reason == "cold_slot"
+
+
 def test_plan_reuse_cache_prompt_disabled() -> None:
     plan = plan_reuse([1, 2, 3], [1, 2, 3, 4], cache_prompt=False)
     assert (plan.matched, plan.reuse, plan.miss_reason) == (3, 0, "cache_prompt_disabled")

@@ -399,7 +399,7 @@ class Engine:
                 assert pos == i, "admission is FIFO"
                 task = self._queue.pop()
                 slot = self.slots[index]
-                reuse = plan_reuse(slot.tokens, task.prompt, task.cache_prompt)
+                reuse = plan_reuse(slot.tokens, task.prompt, task.cache_prompt, slot.memory.truncatable)
                 slot.truncate(reuse.reuse)
                 task.state = TaskState.RUNNING
                 self._admissions += 1

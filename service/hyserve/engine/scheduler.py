@@ -160,11 +160,15 @@ class ReusePlan:
     miss_reason: str | None = None  # why nothing was reused (reuse == 0), for the counters
 
 
-def plan_reuse(cached: Sequence[int], prompt: Sequence[int], cache_prompt: bool = True) -> ReusePlan:
-    """Resume point for `prompt` on a slot holding `cached`, for truncatable (attention) memory.
+def plan_reuse(
+    cached: Sequence[int], prompt: Sequence[int], cache_prompt: bool = True, truncatable: bool = True
+) -> ReusePlan:
+    """Resume point for `prompt` on a slot holding `cached`.
 
     r = min(L, len(prompt) - 1): at least one prompt token is evaluated, because the logits after
-    the prompt are needed to sample the first token and are not stored.
+    the prompt are needed to sample the first token and are not stored. Memory with recurrent state
+    (`truncatable=False`) can only resume at its live end (a pure extension) or start over; resuming
+    in between needs a checkpoint (the prompt-cache work).
     """
     if not prompt:
         raise ValueError("empty prompt")
@@ -172,6 +176,9 @@ def plan_reuse(cached: Sequence[int], prompt: Sequence[int], cache_prompt: bool 
     if not cache_prompt:
         return ReusePlan(matched, 0, ReuseSource.NONE, "cache_prompt_disabled")
     reuse = min(matched, len(prompt) - 1)
+    if not truncatable and reuse < len(cached):
+        reason = "cold_slot" if not cached else "recurrent_state_not_at_resume_point"
+        return ReusePlan(matched, 0, ReuseSource.NONE, reason)
     if reuse > 0:
         return ReusePlan(matched, reuse, ReuseSource.SLOT_LIVE)
     if not cached:

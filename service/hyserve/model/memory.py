@@ -2,10 +2,13 @@
 
 Invariant kept by callers (ARCHITECTURE.md I1): `n_tokens` tokens have been evaluated and the
 memory holds exactly their effect. Attention caches are truncatable: entries past `n_tokens` are
-ignored and overwritten. Recurrent state (hybrid models) is added by those architectures.
+ignored and overwritten. Recurrent state (conv + SSM/delta state per recurrent layer) is not: it
+describes exactly `n_tokens` tokens, so it can only be reset, or replaced by a snapshot.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,20 +33,73 @@ class KVCache:
         return self.k[:end].view(np.uint16), self.v[:end].view(np.uint16)
 
 
+class RecurrentState:
+    """One recurrent layer's state: the last K-1 raw conv inputs and the SSM/delta state (f32)."""
+
+    def __init__(self, conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...]) -> None:
+        self.conv = np.zeros(conv_shape, dtype=np.float32)
+        self.ssm = np.zeros(ssm_shape, dtype=np.float32)
+
+    def reset(self) -> None:
+        self.conv.fill(0.0)
+        self.ssm.fill(0.0)
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.ssm.nbytes
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A copy of the non-truncatable part of a memory after exactly `n_tokens` tokens."""
+
+    n_tokens: int
+    states: dict[int, tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes + s.nbytes for c, s in self.states.values())
+
+
 class SequenceMemory:
-    def __init__(self, n_ctx: int, kv: dict[int, KVCache]) -> None:
+    def __init__(self, n_ctx: int, kv: dict[int, KVCache], recurrent: dict[int, RecurrentState] | None = None) -> None:
         self.n_ctx = n_ctx
         self.kv = kv
+        self.recurrent = recurrent or {}
         self.n_tokens = 0
+
+    @property
+    def truncatable(self) -> bool:
+        """True when any prefix can be resumed by truncation (no recurrent state)."""
+        return not self.recurrent
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.n_tokens, {il: (st.conv.copy(), st.ssm.copy()) for il, st in self.recurrent.items()})
+
+    def restore(self, snap: Snapshot) -> None:
+        """Put back the recurrent state after `snap.n_tokens` tokens; the KV cache is truncated to it
+        (its entries up to that position must still be those of the same tokens: the caller's prefix)."""
+        if snap.n_tokens > self.n_tokens:
+            raise ValueError(f"snapshot of {snap.n_tokens} tokens is ahead of the memory ({self.n_tokens})")
+        for il, (conv, ssm) in snap.states.items():
+            self.recurrent[il].conv[...] = conv
+            self.recurrent[il].ssm[...] = ssm
+        self.n_tokens = snap.n_tokens
 
     def check_room(self, n_new: int) -> None:
         if self.n_tokens + n_new > self.n_ctx:
             raise ContextFullError(f"{self.n_tokens} + {n_new} tokens exceed the context size {self.n_ctx}")
 
     def truncate(self, n: int) -> None:
-        """Forget every token from position n on (attention caches only need the count)."""
+        """Forget every token from position n on (attention caches only need the count). Recurrent
+        memory can only be truncated to its full length or to 0 (a reset)."""
         if not 0 <= n <= self.n_tokens:
             raise ValueError(f"cannot truncate {self.n_tokens} tokens to {n}")
+        if self.recurrent and 0 < n < self.n_tokens:
+            raise ValueError(f"recurrent state cannot go back from {self.n_tokens} to {n} tokens without a snapshot")
+        if n == 0:
+            for state in self.recurrent.values():
+                state.reset()
         self.n_tokens = n
 
     def clear(self) -> None:
