@@ -1,0 +1,104 @@
+"""Qwen3.5 hybrid (`qwen35`: Gated DeltaNet + gated attention) on tiny fixtures: llama.cpp oracle,
+batch invariance, exact snapshot/restore of the recurrent state, and cancel leaving memory intact."""
+
+from __future__ import annotations
+
+import hyserve_kernels as hk
+import numpy as np
+import pytest
+
+from hyserve.model.architectures.base import ForwardCancelled, Logits, Segment
+from hyserve.model.loader import load_model
+from llama_oracle import LlamaOracle, kl_per_position
+
+make_models = pytest.importorskip("fixtures.make_models")
+TEXT = "def main():\n    print('hello world')\n    return 0\n# The quick brown fox jumps over the lazy dog.\n" * 12
+
+
+@pytest.fixture(scope="module", params=["f32", "q8_0"])
+def fixture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    path = make_models.write_model(tmp_path_factory.mktemp("q35") / "qwen35.gguf", "qwen35", qtype=request.param)
+    return path, load_model(path)
+
+
+def run(model, memory, tokens, logits: Logits = Logits.ALL) -> np.ndarray:
+    return model.arch.forward([Segment(memory, np.asarray(tokens, np.int32), logits)])[0]
+
+
+def fresh(model, tokens: list[int]) -> np.ndarray:
+    return run(model, model.arch.new_memory(1024), tokens)
+
+
+def test_matches_llama_cpp(fixture) -> None:
+    path, model = fixture
+    oracle = LlamaOracle(path)
+    try:
+        long = model.tokenizer.encode(TEXT)
+        assert len(long) > 300
+        for tokens in (long[:1], long[:7], long):
+            ours, ref = fresh(model, tokens), oracle.logits(tokens)
+            kl = kl_per_position(ref, ours)
+            top1 = (ref.argmax(-1) == ours.argmax(-1)).mean()
+            assert kl.mean() <= 1e-3 and top1 >= 0.99, (len(tokens), kl.mean(), top1)
+    finally:
+        oracle.close()
+
+
+def test_chunks_and_single_tokens_are_bit_identical(fixture) -> None:
+    _, model = fixture
+    tokens = model.tokenizer.encode(TEXT)[:90]
+    whole = fresh(model, tokens)
+    memory = model.arch.new_memory(1024)
+    parts = [run(model, memory, tokens[a:b]) for a, b in [(0, 5), (5, 6), (6, 40), (40, 90)]]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+    memory = model.arch.new_memory(1024)
+    np.testing.assert_array_equal(np.concatenate([run(model, memory, [t]) for t in tokens]), whole)
+
+
+def test_snapshot_restore_is_exact(fixture) -> None:
+    """Evaluate A, snapshot after n tokens, continue with B, restore, continue with C:
+    the logits equal a fresh evaluation of A[:n] + C, bit for bit."""
+    _, model = fixture
+    a = model.tokenizer.encode("The first part of a conversation that we keep.")
+    b = model.tokenizer.encode(" A branch that will be thrown away later on.")
+    c = model.tokenizer.encode(" And the real continuation.")
+    memory = model.arch.new_memory(1024)
+    run(model, memory, a, Logits.NONE)
+    snap = memory.snapshot()
+    assert snap.n_tokens == len(a) and snap.nbytes > 0
+    run(model, memory, b, Logits.NONE)
+    memory.restore(snap)
+    assert memory.n_tokens == len(a)
+    np.testing.assert_array_equal(run(model, memory, c), fresh(model, a + c)[len(a) :])
+    with pytest.raises(ValueError, match="snapshot"):
+        memory.truncate(len(a) - 1)
+
+
+def test_two_sequences_in_one_batch_equal_separate_runs(fixture) -> None:
+    _, model = fixture
+    x = model.tokenizer.encode("one sequence about trees")
+    y = model.tokenizer.encode("a different one, about the sea and boats")
+    mx, my = model.arch.new_memory(256), model.arch.new_memory(256)
+    run(model, mx, x[:3], Logits.NONE)
+    both = model.arch.forward(
+        [Segment(mx, np.asarray(x[3:], np.int32), Logits.ALL), Segment(my, np.asarray(y, np.int32), Logits.ALL)]
+    )
+    np.testing.assert_array_equal(both[0], fresh(model, x)[3:])
+    np.testing.assert_array_equal(both[1], fresh(model, y))
+
+
+def test_cancel_leaves_recurrent_state_untouched(fixture) -> None:
+    _, model = fixture
+    tokens = model.tokenizer.encode("cancel me in the middle of a forward call please")
+    memory, flag = model.arch.new_memory(256), hk.CancelFlag()
+    run(model, memory, tokens[:4], Logits.NONE)
+    before = memory.snapshot()
+    flag.set()
+    with pytest.raises(ForwardCancelled):
+        model.arch.forward([Segment(memory, np.asarray(tokens[4:], np.int32), Logits.ALL)], cancel=flag)
+    after = memory.snapshot()
+    assert after.n_tokens == before.n_tokens
+    for il, (conv, ssm) in before.states.items():
+        np.testing.assert_array_equal(after.states[il][0], conv)
+        np.testing.assert_array_equal(after.states[il][1], ssm)
+    np.testing.assert_array_equal(run(model, memory, tokens[4:]), fresh(model, tokens)[4:])
