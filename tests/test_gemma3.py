@@ -112,7 +112,7 @@ def test_sequences_batched_together_equal_separate_runs(gemma_model) -> None:
 
 def run_cli(*args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "hyserve", "generate", *args],
+        [sys.executable, "-m", "hyserve", "run", *args],
         capture_output=True,
         text=True,
         timeout=300,

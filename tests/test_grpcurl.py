@@ -1,4 +1,5 @@
-"""Every grpcurl recipe in clients/grpcurl.md works against a real server, through reflection."""
+"""Operator tools against a real server: every grpcurl recipe in clients/grpcurl.md (through
+reflection) and the `hyserve` client subcommands."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,3 +74,20 @@ def test_unknown_task_cancel_is_not_found(target: str) -> None:
         f'grpcurl -plaintext -d \'{{"task_id": "no-such-task"}}\' {target} hyserve.v1.HyserveService/Cancel', target
     )
     assert done.returncode != 0 and "NotFound" in done.stderr
+
+
+def hyserve_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hyserve", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_hyserve_cli_subcommands_talk_to_the_server(target: str) -> None:
+    """`hyserve generate|stats|model-info|cancel` are the client CLI, pointed at a running server."""
+    done = hyserve_cli("generate", "Once upon a time", "--max-tokens", "6", "--target", target)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+    info = json.loads(hyserve_cli("model-info", "--target", target).stdout)
+    assert info["architecture"] == "gemma3"
+    stats = json.loads(hyserve_cli("stats", "--target", target).stdout)
+    assert "slots" in stats
+    missing = hyserve_cli("cancel", "no-such-task", "--target", target)
+    assert missing.returncode != 0 and "NOT_FOUND" in missing.stderr.upper().replace(" ", "_")

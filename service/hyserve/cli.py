@@ -52,7 +52,7 @@ def _generate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hyserve", description="gRPC inference service for GGUF models")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text in-process (no server)")
+    gen = sub.add_parser("run", help="generate text in-process, without a server")
     gen.add_argument("prompt")
     _add_model_args(gen)
     gen.add_argument("--max-tokens", type=int, default=64)
@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     from hyserve.api.server import add_serve_subcommand
 
     add_serve_subcommand(sub)
+    # generate / cancel / stats / model-info talk to a running server (the hyserve-client CLI)
+    from hyserve_client.cli import add_subcommands
+
+    add_subcommands(sub)
     return parser
 
 

@@ -3,9 +3,10 @@
 Start-up order: listen first (so health checks answer while the model loads), load the model on a
 background thread, warm it up, start the engine, then mark the service ready.
 
-Health (grpc.health.v1): service "" is process liveness (SERVING as soon as the server listens);
-service "hyserve.v1.HyserveService" is readiness: NOT_SERVING until the model is loaded and warmed
-up, SERVING after, NOT_SERVING again (permanently) once shutdown starts.
+Health (grpc.health.v1): the overall service "" and "hyserve.v1.HyserveService" both report
+readiness: NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING again
+(permanently) once shutdown starts. (A liveness probe should use a TCP/gRPC connection check, not
+this status, so that a long model load does not get the process restarted.)
 
 Shutdown on SIGTERM/SIGINT: every health status turns NOT_SERVING, new Generate calls get
 UNAVAILABLE, queued and running tasks may finish for `--drain-seconds` (Cancel, CacheStats and
@@ -189,8 +190,8 @@ async def serve(config: ServeConfig) -> int:
     pb_grpc.add_HyserveServiceServicer_to_server(servicer, server)
     health = health_module.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in ("", SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{config.host}:{config.port}"
     port = server.add_insecure_port(address)
@@ -219,7 +220,8 @@ async def serve(config: ServeConfig) -> int:
             await server.stop(grace=1.0)
             return 1
         servicer.runtime = runtime
-        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("server_ready", port=port, slots=config.parallel, n_ctx=config.ctx_size)
         await stopping
     else:

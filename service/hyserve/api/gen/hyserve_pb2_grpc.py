@@ -28,8 +28,9 @@ if _version_not_supported:
 class HyserveServiceStub:
     """HyserveService generates text with one GGUF model and reports on its prompt cache.
 
-    The server also exposes grpc.health.v1.Health (service "" = process liveness,
-    service "hyserve.v1.HyserveService" = ready to generate) and server reflection.
+    The server also exposes grpc.health.v1.Health (services "" and "hyserve.v1.HyserveService":
+    NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining)
+    and server reflection.
 
     Status codes used by all RPCs:
     - INVALID_ARGUMENT: a malformed request (bad sampling value, token id >= vocab size, empty input,
@@ -75,8 +76,9 @@ class HyserveServiceStub:
 class HyserveServiceServicer:
     """HyserveService generates text with one GGUF model and reports on its prompt cache.
 
-    The server also exposes grpc.health.v1.Health (service "" = process liveness,
-    service "hyserve.v1.HyserveService" = ready to generate) and server reflection.
+    The server also exposes grpc.health.v1.Health (services "" and "hyserve.v1.HyserveService":
+    NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining)
+    and server reflection.
 
     Status codes used by all RPCs:
     - INVALID_ARGUMENT: a malformed request (bad sampling value, token id >= vocab size, empty input,
@@ -158,8 +160,9 @@ def add_HyserveServiceServicer_to_server(servicer, server):
 class HyserveService:
     """HyserveService generates text with one GGUF model and reports on its prompt cache.
 
-    The server also exposes grpc.health.v1.Health (service "" = process liveness,
-    service "hyserve.v1.HyserveService" = ready to generate) and server reflection.
+    The server also exposes grpc.health.v1.Health (services "" and "hyserve.v1.HyserveService":
+    NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining)
+    and server reflection.
 
     Status codes used by all RPCs:
     - INVALID_ARGUMENT: a malformed request (bad sampling value, token id >= vocab size, empty input,
