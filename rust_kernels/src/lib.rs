@@ -342,7 +342,19 @@ fn swiglu<'py>(
     gate: PyReadonlyArray2<'py, f32>,
     up: PyReadonlyArray2<'py, f32>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    gated_unit(py, gate, up, ops::silu)
+    if gate.shape() != up.shape() {
+        return Err(value_error("gate and up must have the same shape"));
+    }
+    let (rows, n) = (gate.shape()[0], gate.shape()[1]);
+    let (g, u) = (contiguous(&gate, "gate")?, contiguous(&up, "up")?);
+    let out = py.detach(|| {
+        let mut out = vec![0.0f32; rows * n];
+        ops::swiglu(g, u, &mut out);
+        out
+    });
+    Ok(Array2::from_shape_vec((rows, n), out)
+        .unwrap()
+        .into_pyarray(py))
 }
 
 /// Elementwise GELU (fp16 table) of a 1-D array; for tests.
@@ -361,7 +373,9 @@ fn silu<'py>(
     py: Python<'py>,
     x: PyReadonlyArray1<'py, f32>,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-    let v: Vec<f32> = contiguous(&x, "x")?.iter().map(|&a| ops::silu(a)).collect();
+    let xs = contiguous(&x, "x")?;
+    let mut v = vec![0.0f32; xs.len()];
+    ops::silu_slice(xs, &mut v);
     Ok(Array1::from_vec(v).into_pyarray(py))
 }
 

@@ -103,12 +103,60 @@ pub fn gelu(x: f32) -> f32 {
 }
 
 /// SiLU as ggml's vectorised CPU path computes it: `x / (1 + exp(-x))` with ggml's exp.
-#[inline]
+#[inline(always)]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + crate::attention::expf_ggml(-x))
 }
 
-/// `out = act(gate) * up`, elementwise (GEGLU with `gelu`, SwiGLU with `silu`).
+#[inline(always)]
+fn swiglu_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu(g) * u;
+    }
+}
+
+#[inline(always)]
+fn silu_body(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = silu(v);
+    }
+}
+
+// ggml's exp uses fused multiply-adds; compiled with FMA enabled they are single instructions
+// instead of libm `fmaf` calls (same results, ~10x faster).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_fma(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    swiglu_body(gate, up, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_fma(x: &[f32], out: &mut [f32]) {
+    silu_body(x, out)
+}
+
+/// `out = silu(gate) * up` (SwiGLU).
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx2() {
+        // SAFETY: use_avx2() reports AVX2 and FMA.
+        return unsafe { swiglu_fma(gate, up, out) };
+    }
+    swiglu_body(gate, up, out)
+}
+
+/// `out = silu(x)` elementwise.
+pub fn silu_slice(x: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx2() {
+        // SAFETY: as above.
+        return unsafe { silu_fma(x, out) };
+    }
+    silu_body(x, out)
+}
+
+/// `out = act(gate) * up`, elementwise (GEGLU with `gelu`).
 pub fn gated(gate: &[f32], up: &[f32], act: fn(f32) -> f32, out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = act(g) * u;
