@@ -12,6 +12,7 @@ import structlog
 from hyserve.model.architectures.base import Architecture
 from hyserve.model.architectures.gemma3 import Gemma3
 from hyserve.model.architectures.llama import Llama, Qwen
+from hyserve.model.architectures.mamba2 import Mamba2
 from hyserve.model.architectures.qwen35 import Qwen35
 from hyserve.model.chat_template import ChatTemplate
 from hyserve.model.gguf_file import GGUFError, GGUFFile
@@ -24,6 +25,7 @@ ARCHITECTURES: dict[str, Callable[[GGUFFile], Architecture]] = {
     "llama": Llama,
     "qwen2": Qwen,
     "qwen3": Qwen,
+    "mamba2": Mamba2,
     "qwen35": Qwen35,
 }
 

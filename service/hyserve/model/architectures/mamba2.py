@@ -1,0 +1,132 @@
+"""Mamba2 (`mamba2`) as llama.cpp runs it: attention-free; every block is a Mamba2 mixer
+(in-projection, causal conv + bias + SiLU, selective scan with D skip, SiLU(z) gate, grouped RMSNorm,
+out-projection) behind a pre-norm (model-reference.md §6). States update on working copies and are
+committed only when the whole call succeeded (I1 under cancel or error)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import hyserve_kernels as hk
+import numpy as np
+
+from hyserve.model.architectures.base import (
+    Architecture,
+    ForwardCancelled,
+    Segment,
+    check_cancel,
+    logit_rows,
+    segment_rows,
+    split_logits,
+)
+from hyserve.model.architectures.common import advance
+from hyserve.model.gguf_file import GGUFFile
+from hyserve.model.hparams import HParams
+from hyserve.model.memory import RecurrentState, SequenceMemory
+from hyserve.model.weights import WeightLoader
+
+
+@dataclass
+class _Layer:
+    norm: np.ndarray
+    w_in: hk.QMatrix
+    conv: np.ndarray  # [channels, kernel]
+    conv_bias: np.ndarray
+    dt_bias: np.ndarray
+    a: np.ndarray  # -exp(A_log), per head
+    d: np.ndarray
+    ssm_norm: np.ndarray  # [d_inner] (G groups of d_inner/G)
+    w_out: hk.QMatrix
+
+
+class Mamba2(Architecture):
+    name = "mamba2"
+
+    def __init__(self, gguf: GGUFFile) -> None:
+        hp = HParams(gguf)
+        w = WeightLoader(gguf)
+        self.n_embd = hp.int("embedding_length")
+        self.n_layer = hp.int("block_count")
+        self.eps = hp.float("attention.layer_norm_rms_epsilon", 1e-5)
+        self.n_ctx_train = hp.int("context_length", 1 << 20)
+        self.kernel = hp.int("ssm.conv_kernel")
+        self.d_inner = hp.int("ssm.inner_size")
+        self.d_state = hp.int("ssm.state_size")
+        self.n_heads = hp.int("ssm.time_step_rank")
+        self.n_groups = hp.int("ssm.group_count", 1)
+        self.head_dim = self.d_inner // self.n_heads
+        self.channels = self.d_inner + 2 * self.n_groups * self.d_state
+
+        self.token_embd = w.matrix("token_embd.weight")
+        self.n_vocab = self.token_embd.rows
+        self.output = w.matrix("output.weight") if w.has("output.weight") else self.token_embd
+        self.output_norm = w.vector("output_norm.weight", self.n_embd)
+        self.layers = []
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            self.layers.append(
+                _Layer(
+                    norm=w.vector(p + "attn_norm.weight", self.n_embd),
+                    w_in=w.matrix(p + "ssm_in.weight"),
+                    conv=np.ascontiguousarray(w.vector(p + "ssm_conv1d.weight").reshape(self.channels, self.kernel)),
+                    conv_bias=w.vector(p + "ssm_conv1d.bias", self.channels),
+                    dt_bias=w.vector(p + "ssm_dt.bias", self.n_heads),
+                    a=w.vector(p + "ssm_a", self.n_heads),
+                    d=w.vector(p + "ssm_d", self.n_heads),
+                    ssm_norm=w.vector(p + "ssm_norm.weight", self.d_inner),
+                    w_out=w.matrix(p + "ssm_out.weight"),
+                )
+            )
+
+    def new_memory(self, n_ctx: int) -> SequenceMemory:
+        conv, ssm = (self.kernel - 1, self.channels), (self.n_heads, self.head_dim, self.d_state)
+        return SequenceMemory(n_ctx, {}, {il: RecurrentState(conv, ssm) for il in range(self.n_layer)})
+
+    def forward(self, segments: list[Segment], cancel: hk.CancelFlag | None = None) -> list[np.ndarray | None]:
+        try:
+            return self._forward(segments, cancel)
+        except hk.Cancelled:
+            raise ForwardCancelled from None
+
+    def _mixer(self, L: _Layer, il: int, x: np.ndarray, segments, spans, states, cancel) -> np.ndarray:
+        rows, di, gn, nh, hd = len(x), self.d_inner, self.n_groups * self.d_state, self.n_heads, self.head_dim
+        zxbcdt = hk.matmul(L.w_in, x, cancel)
+        z, xbc, dt = zxbcdt[:, :di], zxbcdt[:, di : di + self.channels], zxbcdt[:, di + self.channels :]
+        y = np.empty((rows, nh, hd), dtype=np.float32)
+        for seg, span in zip(segments, spans):
+            if span.stop == span.start:
+                continue
+            conv_state, ssm_state = states[id(seg.memory)][il]
+            t = span.stop - span.start
+            u = hk.conv1d_causal(np.ascontiguousarray(xbc[span]), L.conv, conv_state, L.conv_bias, silu=True)
+            xs = np.ascontiguousarray(u[:, :di]).reshape(t, nh, hd)
+            b = np.ascontiguousarray(u[:, di : di + gn]).reshape(t, self.n_groups, self.d_state)
+            c = np.ascontiguousarray(u[:, di + gn :]).reshape(t, self.n_groups, self.d_state)
+            dts = np.ascontiguousarray(dt[span])
+            y[span] = hk.mamba2_scan(xs, dts, L.a, b, c, ssm_state, L.d, L.dt_bias)
+        gated = y.reshape(rows, di) * hk.silu(np.ascontiguousarray(z).reshape(-1)).reshape(rows, di)
+        group = di // self.n_groups
+        normed = hk.rms_norm(np.ascontiguousarray(gated).reshape(-1, group), None, self.eps).reshape(rows, di)
+        return hk.matmul(L.w_out, np.ascontiguousarray(normed * L.ssm_norm), cancel)
+
+    def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
+        tokens, _, spans = segment_rows(segments)
+        states = {
+            id(seg.memory): {il: (st.conv.copy(), st.ssm.copy()) for il, st in seg.memory.recurrent.items()}
+            for seg in segments
+        }
+        h = hk.get_rows(self.token_embd, tokens)
+        for il, layer in enumerate(self.layers):
+            check_cancel(cancel)
+            x = hk.rms_norm(h, layer.norm, self.eps)
+            h = h + self._mixer(layer, il, x, segments, spans, states, cancel)
+        for seg in segments:
+            for il, (conv, ssm) in states[id(seg.memory)].items():
+                seg.memory.recurrent[il].conv[...] = conv
+                seg.memory.recurrent[il].ssm[...] = ssm
+        advance(segments)
+        wanted = logit_rows(segments, spans)
+        if len(wanted) == 0:
+            return split_logits(segments, spans, np.empty((0, self.n_vocab), np.float32))
+        logits = hk.matmul(self.output, hk.rms_norm(np.ascontiguousarray(h[wanted]), self.output_norm, self.eps))
+        return split_logits(segments, spans, logits)
