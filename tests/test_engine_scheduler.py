@@ -320,7 +320,7 @@ class FakeArch(Architecture):
             h = (h * 31 + (i + 1) * (int(t) + 7)) % 1_000_003
         return 2 + h % (VOCAB - 2)  # never EOG
 
-    def forward(self, segments: Sequence[Segment], cancel: CancelFlag | None = None) -> list[np.ndarray | None]:
+    def _forward(self, segments: Sequence[Segment], cancel: CancelFlag | None = None) -> list[np.ndarray | None]:
         self.entered.set()
         self.gate.wait(10)
         time.sleep(self.delay)

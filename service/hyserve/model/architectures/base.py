@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+import hyserve_kernels as hk
 import numpy as np
 from hyserve_kernels import CancelFlag
 
@@ -40,13 +41,20 @@ class Architecture(ABC):
     @abstractmethod
     def new_memory(self, n_ctx: int) -> SequenceMemory: ...
 
-    @abstractmethod
     def forward(self, segments: Sequence[Segment], cancel: CancelFlag | None = None) -> list[np.ndarray | None]:
         """Evaluate every segment in one batch. Returns per segment the logits requested
         (LAST: shape [n_vocab], ALL: [len(tokens), n_vocab], NONE: None) and advances each memory.
         A row's result is independent of the other rows in the batch (batch invariance).
         With `cancel` (a task's flag), it raises `ForwardCancelled` at the next layer boundary once
         the flag is set, advancing no memory."""
+        try:
+            return self._forward(segments, cancel)
+        except hk.Cancelled:  # a kernel saw the flag mid-call
+            raise ForwardCancelled from None
+
+    @abstractmethod
+    def _forward(self, segments: Sequence[Segment], cancel: CancelFlag | None) -> list[np.ndarray | None]:
+        """The architecture's forward pass (`forward` adds the cancel translation)."""
 
 
 def check_cancel(cancel: CancelFlag | None) -> None:

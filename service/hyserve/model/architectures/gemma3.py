@@ -15,14 +15,11 @@ import numpy as np
 
 from hyserve.model.architectures.base import (
     Architecture,
-    ForwardCancelled,
     Segment,
     check_cancel,
-    logit_rows,
     segment_rows,
-    split_logits,
 )
-from hyserve.model.architectures.common import advance, attend
+from hyserve.model.architectures.common import advance, attend, output_logits
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
 from hyserve.model.memory import KVCache, SequenceMemory
@@ -105,12 +102,6 @@ class Gemma3(Architecture):
     def new_memory(self, n_ctx: int) -> SequenceMemory:
         return SequenceMemory(n_ctx, {il: KVCache(n_ctx, self.n_kv, self.head_dim) for il in range(self.n_layer)})
 
-    def forward(self, segments: Sequence[Segment], cancel: hk.CancelFlag | None = None) -> list[np.ndarray | None]:
-        try:
-            return self._forward(segments, cancel)
-        except hk.Cancelled:
-            raise ForwardCancelled from None
-
     def _forward(self, segments: Sequence[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, pos, spans = segment_rows(segments)
         rows, hd, eps = len(tokens), self.head_dim, self.eps
@@ -139,10 +130,4 @@ class Gemma3(Architecture):
             gate, up = hk.matmul_many([L.w_gate, L.w_up], x, cancel)
             h = h + hk.rms_norm(hk.matmul(L.w_down, hk.geglu(gate, up)), L.post_ffn_norm, eps)
         advance(segments)
-        wanted = logit_rows(segments, spans)
-        if len(wanted) == 0:
-            return split_logits(segments, spans, np.empty((0, self.n_vocab), np.float32))
-        logits = hk.matmul(self.output, hk.rms_norm(np.ascontiguousarray(h[wanted]), self.output_norm, eps))
-        if self.softcap:
-            logits = (self.softcap * np.tanh(logits / self.softcap)).astype(np.float32)
-        return split_logits(segments, spans, logits)
+        return output_logits(h, segments, spans, self.output_norm, self.output, eps, self.softcap)

@@ -14,14 +14,11 @@ import numpy as np
 
 from hyserve.model.architectures.base import (
     Architecture,
-    ForwardCancelled,
     Segment,
     check_cancel,
-    logit_rows,
     segment_rows,
-    split_logits,
 )
-from hyserve.model.architectures.common import advance, attend
+from hyserve.model.architectures.common import advance, attend, output_logits
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
 from hyserve.model.memory import KVCache, SequenceMemory
@@ -100,12 +97,6 @@ class Llama(Architecture):
     def new_memory(self, n_ctx: int) -> SequenceMemory:
         return SequenceMemory(n_ctx, {il: KVCache(n_ctx, self.n_kv, self.head_dim) for il in range(self.n_layer)})
 
-    def forward(self, segments: list[Segment], cancel: hk.CancelFlag | None = None) -> list[np.ndarray | None]:
-        try:
-            return self._forward(segments, cancel)
-        except hk.Cancelled:
-            raise ForwardCancelled from None
-
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, pos, spans = segment_rows(segments)
         rows, hd, eps = len(tokens), self.head_dim, self.eps
@@ -137,11 +128,7 @@ class Llama(Architecture):
             gate, up = hk.matmul_many([L.w_gate, L.w_up], x, cancel)
             h = h + hk.matmul(L.w_down, hk.swiglu(gate, up))
         advance(segments)
-        wanted = logit_rows(segments, spans)
-        if len(wanted) == 0:
-            return split_logits(segments, spans, np.empty((0, self.n_vocab), np.float32))
-        logits = hk.matmul(self.output, hk.rms_norm(np.ascontiguousarray(h[wanted]), self.output_norm, eps))
-        return split_logits(segments, spans, logits)
+        return output_logits(h, segments, spans, self.output_norm, self.output, eps)
 
 
 class Qwen(Llama):

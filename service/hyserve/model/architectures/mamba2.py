@@ -12,14 +12,11 @@ import numpy as np
 
 from hyserve.model.architectures.base import (
     Architecture,
-    ForwardCancelled,
     Segment,
     check_cancel,
-    logit_rows,
     segment_rows,
-    split_logits,
 )
-from hyserve.model.architectures.common import advance
+from hyserve.model.architectures.common import advance, commit_states, output_logits, working_states
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
 from hyserve.model.memory import RecurrentState, SequenceMemory
@@ -82,12 +79,6 @@ class Mamba2(Architecture):
         conv, ssm = (self.kernel - 1, self.channels), (self.n_heads, self.head_dim, self.d_state)
         return SequenceMemory(n_ctx, {}, {il: RecurrentState(conv, ssm) for il in range(self.n_layer)})
 
-    def forward(self, segments: list[Segment], cancel: hk.CancelFlag | None = None) -> list[np.ndarray | None]:
-        try:
-            return self._forward(segments, cancel)
-        except hk.Cancelled:
-            raise ForwardCancelled from None
-
     def _mixer(self, L: _Layer, il: int, x: np.ndarray, segments, spans, states, cancel) -> np.ndarray:
         rows, di, gn, nh, hd = len(x), self.d_inner, self.n_groups * self.d_state, self.n_heads, self.head_dim
         zxbcdt = hk.matmul(L.w_in, x, cancel)
@@ -111,22 +102,12 @@ class Mamba2(Architecture):
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, _, spans = segment_rows(segments)
-        states = {
-            id(seg.memory): {il: (st.conv.copy(), st.ssm.copy()) for il, st in seg.memory.recurrent.items()}
-            for seg in segments
-        }
+        states = working_states(segments)
         h = hk.get_rows(self.token_embd, tokens)
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
             x = hk.rms_norm(h, layer.norm, self.eps)
             h = h + self._mixer(layer, il, x, segments, spans, states, cancel)
-        for seg in segments:
-            for il, (conv, ssm) in states[id(seg.memory)].items():
-                seg.memory.recurrent[il].conv[...] = conv
-                seg.memory.recurrent[il].ssm[...] = ssm
+        commit_states(segments, states)
         advance(segments)
-        wanted = logit_rows(segments, spans)
-        if len(wanted) == 0:
-            return split_logits(segments, spans, np.empty((0, self.n_vocab), np.float32))
-        logits = hk.matmul(self.output, hk.rms_norm(np.ascontiguousarray(h[wanted]), self.output_norm, self.eps))
-        return split_logits(segments, spans, logits)
+        return output_logits(h, segments, spans, self.output_norm, self.output, self.eps)

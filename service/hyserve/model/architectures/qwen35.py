@@ -15,14 +15,11 @@ import numpy as np
 
 from hyserve.model.architectures.base import (
     Architecture,
-    ForwardCancelled,
     Segment,
     check_cancel,
-    logit_rows,
     segment_rows,
-    split_logits,
 )
-from hyserve.model.architectures.common import advance, attend
+from hyserve.model.architectures.common import advance, attend, commit_states, output_logits, working_states
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 from hyserve.model.hparams import HParams
 from hyserve.model.memory import KVCache, RecurrentState, SequenceMemory
@@ -148,12 +145,6 @@ class Qwen35(Architecture):
                 rec[il] = RecurrentState((self.kernel - 1, self.channels), (self.nv, self.dv, self.dk))
         return SequenceMemory(n_ctx, kv, rec)
 
-    def forward(self, segments: list[Segment], cancel: hk.CancelFlag | None = None) -> list[np.ndarray | None]:
-        try:
-            return self._forward(segments, cancel)
-        except hk.Cancelled:
-            raise ForwardCancelled from None
-
     def _attention(self, L: _Attention, x: np.ndarray, il: int, segments, spans, pos, cancel) -> np.ndarray:
         rows, hd = len(x), self.head_dim
         qg, k, v = hk.matmul_many([L.wq, L.wk, L.wv], x, cancel)
@@ -202,11 +193,7 @@ class Qwen35(Architecture):
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, pos, spans = segment_rows(segments)
-        # working copies of every recurrent state: committed only after the whole call succeeded
-        states = {
-            id(seg.memory): {il: (st.conv.copy(), st.ssm.copy()) for il, st in seg.memory.recurrent.items()}
-            for seg in segments
-        }
+        states = working_states(segments)  # committed only after the whole call succeeded
         h = hk.get_rows(self.token_embd, tokens)
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
@@ -218,13 +205,6 @@ class Qwen35(Architecture):
             x = hk.rms_norm(h, layer.ffn_norm, self.eps)
             gate, up = hk.matmul_many([layer.w_gate, layer.w_up], x, cancel)
             h = h + hk.matmul(layer.w_down, hk.swiglu(gate, up), cancel)
-        for seg in segments:
-            for il, (conv, ssm) in states[id(seg.memory)].items():
-                seg.memory.recurrent[il].conv[...] = conv
-                seg.memory.recurrent[il].ssm[...] = ssm
+        commit_states(segments, states)
         advance(segments)
-        wanted = logit_rows(segments, spans)
-        if len(wanted) == 0:
-            return split_logits(segments, spans, np.empty((0, self.n_vocab), np.float32))
-        logits = hk.matmul(self.output, hk.rms_norm(np.ascontiguousarray(h[wanted]), self.output_norm, self.eps))
-        return split_logits(segments, spans, logits)
+        return output_logits(h, segments, spans, self.output_norm, self.output, self.eps)
