@@ -20,18 +20,7 @@ from hyserve.engine.cancel import CancelSource
 from hyserve.engine.engine import CancelOutcome, DuplicateTaskError, Engine, EngineConfig, SlotState
 from hyserve.engine.generator import StopRule
 from hyserve.engine.sampling import SamplingParams
-from hyserve.engine.scheduler import (
-    BatchItem,
-    BoundedFifo,
-    QueueFullError,
-    SlotView,
-    SlotWork,
-    choose_slot,
-    common_prefix_len,
-    compose_batch,
-    plan_admissions,
-    plan_reuse,
-)
+from hyserve.engine.scheduler import BatchItem, BoundedFifo, QueueFullError, SlotWork, compose_batch
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -46,102 +35,7 @@ from hyserve.engine.task import (
     Usage,
 )
 from hyserve.model.architectures.base import Architecture, ForwardCancelled, Logits, Segment
-from hyserve.model.memory import SequenceMemory
-
-# --- common_prefix_len / choose_slot / plan_admissions --------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("a", "b", "n"),
-    [
-        ([], [1, 2], 0),
-        ([1, 2, 3], [1, 2, 3], 3),
-        ([1, 2, 3], [1, 2], 2),
-        ([1, 2, 3], [1, 9, 3], 1),
-        ([5], [6], 0),
-        (list(range(500)), [*range(300), 7, 8], 300),  # the numpy path
-        (list(range(500)), list(range(400)), 400),
-    ],
-)
-def test_common_prefix_len(a: list[int], b: list[int], n: int) -> None:
-    assert common_prefix_len(a, b) == n
-    assert common_prefix_len(b, a) == n
-
-
-def test_choose_slot_prefers_longest_common_prefix() -> None:
-    free = [SlotView(0, [1, 2], last_used=9), SlotView(1, [1, 2, 3, 4], last_used=1), SlotView(2, [], last_used=0)]
-    assert choose_slot(free, [1, 2, 3, 5]) == (1, 3)
-
-
-def test_choose_slot_without_prefix_takes_empty_then_least_recently_used() -> None:
-    free = [SlotView(0, [7], last_used=5), SlotView(1, [8], last_used=2), SlotView(2, [], last_used=9)]
-    assert choose_slot(free, [1, 2]) == (2, 0)
-    assert choose_slot(free[:2], [1, 2]) == (1, 0)
-    # equal prefix: least recently used wins, then the lower index
-    assert choose_slot([SlotView(3, [1], 4), SlotView(4, [1], 4)], [1, 2]) == (3, 1)
-
-
-def test_choose_slot_needs_a_free_slot() -> None:
-    with pytest.raises(ValueError):
-        choose_slot([], [1])
-
-
-def test_plan_admissions_is_fifo_and_bounded_by_free_slots() -> None:
-    free = [SlotView(0, [9, 9], 0), SlotView(1, [1, 2, 3], 0)]
-    queued = [[4, 4], [1, 2, 3, 4], [1, 2]]
-    # the first queued prompt takes a slot first even though the second matches slot 1 better
-    assert plan_admissions(queued, free) == [(0, 0, 0), (1, 1, 3)]
-    assert plan_admissions(queued, []) == []
-    assert plan_admissions([], free) == []
-
-
-# --- plan_reuse ------------------------------------------------------------------------------------
-
-
-def test_plan_reuse_cold_slot() -> None:
-    plan = plan_reuse([], [1, 2, 3])
-    assert (plan.matched, plan.reuse, plan.source, plan.miss_reason) == (0, 0, ReuseSource.NONE, "cold_slot")
-
-
-def test_plan_reuse_no_common_prefix() -> None:
-    plan = plan_reuse([4, 5], [1, 2, 3])
-    assert (plan.reuse, plan.miss_reason) == (0, "no_common_prefix")
-
-
-def test_plan_reuse_truncates_to_common_prefix() -> None:
-    plan = plan_reuse([1, 2, 3, 9, 9], [1, 2, 3, 4])
-    assert (plan.matched, plan.reuse, plan.source, plan.miss_reason) == (3, 3, ReuseSource.SLOT_LIVE, None)
-
-
-def test_plan_reuse_keeps_one_token_to_evaluate() -> None:
-    # identical prompt, and a prompt that the slot extends: the last prompt token is evaluated again
-    assert plan_reuse([1, 2, 3], [1, 2, 3]).reuse == 2
-    plan = plan_reuse([1, 2, 3, 4, 5], [1, 2, 3])
-    assert (plan.matched, plan.reuse) == (3, 2)
-    single = plan_reuse([1, 2], [1])
-    assert (single.matched, single.reuse, single.miss_reason) == (1, 0, "single_token_prompt")
-
-
-def test_plan_reuse_recurrent_memory_resumes_only_at_its_live_end() -> None:
-    cached = [1, 2, 3, 4]
-    extension = plan_reuse(cached, [1, 2, 3, 4, 5, 6], truncatable=False)
-    assert (extension.reuse, extension.source) == (4, ReuseSource.SLOT_LIVE)
-    edited = plan_reuse(cached, [1, 2, 9, 9, 9], truncatable=False)
-    assert (edited.matched, edited.reuse, edited.miss_reason) == (2, 0, "recurrent_state_not_at_resume_point")
-    resend = plan_reuse(cached, cached, truncatable=False)  # the last token must be re-evaluated: no checkpoint yet
-    assert (resend.reuse, resend.miss_reason) == (0, "recurrent_state_not_at_resume_point")
-    assert plan_reuse([], [1, 2], truncatable=False).miss_reason == "cold_slot"
-
-
-def test_plan_reuse_cache_prompt_disabled() -> None:
-    plan = plan_reuse([1, 2, 3], [1, 2, 3, 4], cache_prompt=False)
-    assert (plan.matched, plan.reuse, plan.miss_reason) == (3, 0, "cache_prompt_disabled")
-
-
-def test_plan_reuse_rejects_empty_prompt() -> None:
-    with pytest.raises(ValueError):
-        plan_reuse([1], [])
-
+from hyserve.model.memory import KVCache, SequenceMemory
 
 # --- compose_batch ---------------------------------------------------------------------------------
 
@@ -289,9 +183,15 @@ EOG = 1
 
 
 class FakeMemory(SequenceMemory):
+    """Attention-like memory: the evaluated token ids live in a real 1 x 1 KV cache (f16 holds
+    them exactly), so truncation, export and load go through the production code."""
+
     def __init__(self, n_ctx: int) -> None:
-        super().__init__(n_ctx, {})
-        self.history = np.zeros(n_ctx, dtype=np.int64)
+        super().__init__(n_ctx, {0: KVCache(n_ctx, 1, 1)})
+
+    @property
+    def history(self) -> np.ndarray:
+        return self.kv[0].k[:, 0, 0]
 
 
 class FakeArch(Architecture):

@@ -316,15 +316,16 @@ def test_chat_generation_uses_the_template(server: Server, client: HyserveClient
     assert tokens_of(events) == ref.tokens
 
 
-def test_identical_resend_reuses_all_but_one_token(server: Server, client: HyserveClient) -> None:
+def test_identical_resend_evaluates_nothing(server: Server, client: HyserveClient) -> None:
     ref = server.refs["B"]
     client.generate_text(PROMPT_B, max_tokens=2)
     with client.generate(PROMPT_B, max_tokens=N_B) as stream:
         events = list(stream)
-    accepted = events[0]
-    assert isinstance(accepted, Accepted)
-    assert accepted.matched_tokens == ref.prompt_tokens and accepted.reused_tokens == ref.prompt_tokens - 1
-    assert accepted.reuse_source is ReuseSource.SLOT_LIVE
+    accepted, finished = events[0], events[-1]
+    assert isinstance(accepted, Accepted) and isinstance(finished, Finished)
+    # the prompt end's checkpoint holds its logits: the first token is sampled from them
+    assert accepted.matched_tokens == ref.prompt_tokens and accepted.reused_tokens == ref.prompt_tokens
+    assert accepted.reuse_source is ReuseSource.CHECKPOINT and finished.usage.processed_prompt_tokens == 0
     assert tokens_of(events) == ref.tokens  # the cache never changes the answer
 
 
@@ -436,7 +437,8 @@ def test_e_cancel_unknown_is_not_found_and_cancel_is_idempotent(server: Server, 
         retry_events = list(retry)
     accepted = retry_events[0]
     assert isinstance(accepted, Accepted) and accepted.reused_tokens > 0
-    assert accepted.reused_tokens == ref.prompt_tokens - 1
+    # it was cancelled while generating: the prompt end's checkpoint (with logits) covers it all
+    assert accepted.reused_tokens == ref.prompt_tokens and accepted.reuse_source is ReuseSource.CHECKPOINT
     assert tokens_of(retry_events) == ref.tokens
 
 

@@ -1,6 +1,7 @@
 """The real server on a tiny hybrid model (`qwen35`: recurrent Gated DeltaNet + attention layers):
-results equal in-process generation, a pure extension resumes from the live recurrent state, any
-other prompt starts over (no checkpoints yet), and a cancelled prompt leaves the slot consistent."""
+results equal in-process generation, a pure extension resumes from the live recurrent state, an
+edit before the first checkpoint starts over (token input has no message boundaries; the chat
+scenarios are in test_cache_scenarios.py), and a cancelled prompt leaves the slot consistent."""
 
 from __future__ import annotations
 

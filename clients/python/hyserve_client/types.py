@@ -336,6 +336,8 @@ class CacheCounters:
     checkpoints_invalidated: int = 0
     prefix_store_hits: int = 0
     prefix_store_misses: int = 0
+    reprocessed_tokens_by_reason: dict[str, int] = field(default_factory=dict)
+    prefix_store_evicted: int = 0
 
     @classmethod
     def from_proto(cls, m: pb.CacheCounters) -> CacheCounters:
@@ -350,6 +352,8 @@ class CacheCounters:
             checkpoints_invalidated=m.checkpoints_invalidated,
             prefix_store_hits=m.prefix_store_hits,
             prefix_store_misses=m.prefix_store_misses,
+            reprocessed_tokens_by_reason=dict(sorted(m.reprocessed_tokens_by_reason.items())),
+            prefix_store_evicted=m.prefix_store_evicted,
         )
 
 

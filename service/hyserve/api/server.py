@@ -69,6 +69,10 @@ class ServeConfig:
     default_max_tokens: int = 1024
     prompt_chunk: int = 128
     drain_seconds: float = 30.0
+    checkpoint_memory_mib: int = 1024
+    checkpoint_interval: int = 1024
+    cache_memory_mib: int = 2048
+    metrics_port: int | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -83,6 +87,10 @@ class ServeConfig:
             threads=args.threads,
             default_max_tokens=args.default_max_tokens,
             prompt_chunk=args.prompt_chunk,
+            checkpoint_memory_mib=args.checkpoint_memory,
+            checkpoint_interval=args.checkpoint_interval,
+            cache_memory_mib=args.cache_memory,
+            metrics_port=args.metrics_port,
             drain_seconds=args.drain_seconds,
         )
 
@@ -101,6 +109,16 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--default-max-tokens", type=int, default=1024, help="completion limit for requests that set none")
     p.add_argument("--prompt-chunk", type=int, default=128, help="tokens evaluated per step (prompt chunks)")
     p.add_argument("--drain-seconds", type=float, default=30.0, help="how long shutdown lets tasks finish")
+    p.add_argument(
+        "--checkpoint-memory", type=int, default=1024, metavar="MIB", help="byte budget of all slots' checkpoints"
+    )
+    p.add_argument(
+        "--checkpoint-interval", type=int, default=1024, help="checkpoint every N tokens of a long prompt (0: off)"
+    )
+    p.add_argument(
+        "--cache-memory", type=int, default=2048, metavar="MIB", help="host-memory prefix store budget (0: off)"
+    )
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
     p.set_defaults(func=run_serve)
     return p
 
@@ -110,8 +128,10 @@ def run_serve(args: argparse.Namespace) -> int:
     for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk"):
         if getattr(config, name) < 1:
             raise SystemExit(f"hyserve serve: --{name.replace('_', '-')} must be >= 1")
-    if config.queue_size < 0:
-        raise SystemExit("hyserve serve: --queue-size must be >= 0")
+    for name in ("queue_size", "checkpoint_memory_mib", "checkpoint_interval", "cache_memory_mib"):
+        if getattr(config, name) < 0:
+            flag = name.removesuffix("_mib").replace("_", "-")
+            raise SystemExit(f"hyserve serve: --{flag} must be >= 0")
     # The engine thread drops and retakes the GIL around every kernel call (~170 per token); with
     # the default 5 ms switch interval it can wait that long behind the asyncio thread each time.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -172,6 +192,9 @@ def load_runtime(config: ServeConfig) -> Runtime:
             n_ctx=config.ctx_size,
             queue_size=config.queue_size,
             prompt_chunk=config.prompt_chunk,
+            checkpoint_memory=config.checkpoint_memory_mib << 20,
+            checkpoint_interval=config.checkpoint_interval,
+            cache_memory=config.cache_memory_mib << 20,
         ),
     )
     engine.start()
@@ -220,6 +243,11 @@ async def serve(config: ServeConfig) -> int:
             await server.stop(grace=1.0)
             return 1
         servicer.runtime = runtime
+        if config.metrics_port is not None:
+            from hyserve.api.metrics import serve_metrics
+
+            metrics_port = serve_metrics(runtime.engine.stats, config.ctx_size, config.host, config.metrics_port)
+            log.info("metrics_listening", host=config.host, port=metrics_port)
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("server_ready", port=port, slots=config.parallel, n_ctx=config.ctx_size)

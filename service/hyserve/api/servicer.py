@@ -22,6 +22,7 @@ import hyserve
 from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
 from hyserve.api.validation import RequestLimits, ValidationError, prepare_generate
+from hyserve.engine.cache_plan import CheckpointKind
 from hyserve.engine.cancel import CancelSource
 from hyserve.engine.engine import (
     CancelOutcome,
@@ -67,6 +68,12 @@ _SLOT_STATE = {
     SlotState.IDLE: pb.SLOT_STATE_IDLE,
     SlotState.PROCESSING_PROMPT: pb.SLOT_STATE_PROCESSING_PROMPT,
     SlotState.GENERATING: pb.SLOT_STATE_GENERATING,
+}
+_CHECKPOINT_KIND = {
+    CheckpointKind.MESSAGE_START: pb.CHECKPOINT_KIND_MESSAGE_START,
+    CheckpointKind.PROMPT_END: pb.CHECKPOINT_KIND_PROMPT_END,
+    CheckpointKind.CLIENT_REQUESTED: pb.CHECKPOINT_KIND_CLIENT_REQUESTED,
+    CheckpointKind.INTERVAL: pb.CHECKPOINT_KIND_INTERVAL,
 }
 
 
@@ -142,7 +149,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
             logprobs=prepared.logprobs,
             top_logprobs=prepared.top_logprobs,
             cache_prompt=prepared.cache_prompt,
-            message_starts=prepared.message_starts,
+            message_boundaries=prepared.message_boundaries,
             checkpoint_offsets=prepared.checkpoint_offsets,
         )
         engine = runtime.engine
@@ -240,16 +247,38 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         return pb.CacheStatsResponse(
             slots=[
                 pb.SlotStats(
-                    index=s.index, state=_SLOT_STATE[s.state], task_id=s.task_id, cached_tokens=s.cached_tokens
+                    index=s.index,
+                    state=_SLOT_STATE[s.state],
+                    task_id=s.task_id,
+                    cached_tokens=s.cached_tokens,
+                    checkpoints=[
+                        pb.CheckpointInfo(
+                            position=cp.position,
+                            kind=_CHECKPOINT_KIND[cp.kind],
+                            bytes=cp.nbytes,
+                            has_logits=cp.has_logits,
+                        )
+                        for cp in s.checkpoints
+                    ],
                 )
                 for s in stats.slots
             ],
-            prefix_store=pb.PrefixStoreStats(),
+            prefix_store=pb.PrefixStoreStats(
+                entries=stats.store.entries, bytes=stats.store.nbytes, budget_bytes=stats.store.budget
+            ),
             counters=pb.CacheCounters(
                 prompt_tokens_received=c.prompt_tokens_received,
                 prompt_tokens_reused=c.prompt_tokens_reused,
                 prompt_tokens_processed=c.prompt_tokens_processed,
+                restores=c.restores,
                 full_reprocess_by_reason=c.full_reprocess_by_reason,
+                checkpoints_created=c.checkpoints_created,
+                checkpoints_evicted=c.checkpoints_evicted,
+                checkpoints_invalidated=c.checkpoints_invalidated,
+                prefix_store_hits=c.prefix_store_hits,
+                prefix_store_misses=c.prefix_store_misses,
+                reprocessed_tokens_by_reason=c.reprocessed_tokens_by_reason,
+                prefix_store_evicted=c.prefix_store_evicted,
             ),
         )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,7 +19,7 @@ from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.engine.generator import StopRule
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.task import new_task_id
-from hyserve.model.chat_template import ChatTemplate, ChatTemplateError, message_token_offsets
+from hyserve.model.chat_template import ChatTemplate, ChatTemplateError, RenderedChat, message_token_offsets
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
@@ -67,7 +67,7 @@ class PreparedRequest:
     logprobs: bool
     top_logprobs: int
     cache_prompt: bool
-    message_starts: tuple[int, ...]
+    message_boundaries: tuple[int, ...]
     checkpoint_offsets: tuple[int, ...]
 
 
@@ -138,7 +138,7 @@ def _chat_messages(chat: pb.ChatInput) -> list[dict[str, Any]]:
 def prompt_tokens(
     request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate | None
 ) -> tuple[list[int], list[int]]:
-    """(prompt token ids, token index where each chat message starts) for the request's input.
+    """(prompt token ids, checkpoint-worthy token positions of a chat: see `chat_boundaries`).
 
     `template` None means chat input cannot be served (no usable chat template)."""
     kind = request.WhichOneof("input")
@@ -185,7 +185,39 @@ def prompt_tokens(
     ids, starts = tokenizer.encode_with_offsets(rendered.text, add_special=False, parse_special=True)
     if not ids:
         raise ValidationError("chat: the rendered conversation is empty")
-    return ids, message_token_offsets(rendered.message_char_offsets, starts)
+    return ids, chat_boundaries(rendered, messages, starts)
+
+
+# The generation prompt ("<|im_start|>assistant\n<think>\n") is short; past this many tokens only its
+# start is a boundary.
+_GENERATION_PROMPT_BOUNDARY_TOKENS = 16
+
+
+def chat_boundaries(rendered: RenderedChat, messages: Sequence[Mapping[str, Any]], starts: Sequence[int]) -> list[int]:
+    """Token positions where a later conversation is likely to diverge from this one, for checkpoints:
+
+    - where each message's rendering starts (an edited or dropped message diverges there);
+    - where each message's content starts, when the content appears verbatim in its rendering (an
+      edited message whose header is unchanged diverges there);
+    - every position inside the generation prompt: the next turn renders this assistant message
+      again, often with a different header tail (e.g. without the opened think block), so the
+      divergence is anywhere in it.
+    A position only costs a checkpoint; a wrong guess never changes an answer.
+    """
+    chars = list(rendered.message_char_offsets)
+    ends = [*chars[1:], rendered.generation_prompt_offset or len(rendered.text)]
+    for start, end, message in zip(rendered.message_char_offsets, ends, messages):
+        content = message.get("content")
+        if isinstance(content, str) and content:
+            at = rendered.text.find(content, start, max(end, start + len(content)))
+            if at >= 0:
+                chars.append(at)
+    positions = set(message_token_offsets(chars, starts))
+    gen_at = rendered.generation_prompt_offset
+    if gen_at is not None and gen_at < len(rendered.text):
+        first = message_token_offsets([gen_at], starts)[0]
+        positions.update(range(first, min(len(starts), first + _GENERATION_PROMPT_BOUNDARY_TOKENS)))
+    return sorted(p for p in positions if 0 < p < len(starts))
 
 
 def stop_rule(
@@ -233,7 +265,7 @@ def prepare_generate(
     params = sampling_params(request.sampling)
     if request.top_logprobs > MAX_TOP_LOGPROBS:
         raise ValidationError(f"top_logprobs: at most {MAX_TOP_LOGPROBS} (got {request.top_logprobs})")
-    prompt, message_starts = prompt_tokens(request, tokenizer, template)
+    prompt, message_boundaries = prompt_tokens(request, tokenizer, template)
     if len(prompt) >= limits.n_ctx:
         raise ValidationError(
             f"input: the prompt has {len(prompt)} tokens, which leaves no room for a completion in the context "
@@ -249,6 +281,6 @@ def prepare_generate(
         logprobs=request.logprobs or request.top_logprobs > 0,
         top_logprobs=request.top_logprobs,
         cache_prompt=cache_prompt,
-        message_starts=tuple(message_starts),
+        message_boundaries=tuple(message_boundaries),
         checkpoint_offsets=_checkpoint_offsets(request.cache.checkpoint_offsets, len(prompt)),
     )

@@ -1,16 +1,21 @@
 """The engine: one dedicated thread that owns the slots and runs every forward pass.
 
 Each iteration of the loop:
-1. admit queued tasks to free slots (FIFO; the slot with the longest common prefix), truncate the
-   slot to the planned resume point and send Accepted;
+1. admit queued tasks to free slots (FIFO; cache_plan decides the slot, the resume point and
+   whether a prefix-store entry or a checkpoint is restored), prepare the slot's memory and send
+   Accepted;
 2. end running tasks whose cancel flag is set (the slot keeps what it has evaluated so far);
 3. run one `arch.forward` for all busy slots: one token per generating slot plus prompt chunks;
-4. commit the evaluated tokens to each slot's token list, sample where logits came back, apply the
-   stop rules and send the events.
+4. commit the evaluated tokens to each slot's token list, take the checkpoints that fall on the
+   new position (prompt chunks are cut at checkpoint positions), sample where logits came back,
+   apply the stop rules and send the events.
 
 Invariant I1 (ARCHITECTURE.md): a slot's token list `tokens` always equals what its memory holds.
 Memory only changes in `forward` (which advances every memory of the call, or none when it raises)
-and `Slot.truncate`; `Slot.commit` follows every successful forward, so both always change together.
+and in the `Slot` methods that move bookkeeping with it (truncate, restore, load); `Slot.commit`
+follows every successful forward, so both always change together. I2: checkpoints past a slot's
+new resume point are dropped before it is processed. I3: a checkpoint is made only after the
+forward that reached its position has been committed.
 A sampled token is only added to memory when it is evaluated in the next step: when a task stops on
 it, the slot holds prompt + completion[:-1].
 
@@ -22,26 +27,32 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import numpy as np
 import structlog
 
-from hyserve.engine.cancel import CancelSource
-from hyserve.engine.sampling import apply_penalties, log_softmax, sample
-from hyserve.engine.scheduler import (
-    BoundedFifo,
-    QueueFullError,
-    ReusePlan,
-    SlotView,
-    SlotWork,
-    compose_batch,
+from hyserve.engine.cache_plan import (
+    Admission,
+    CachedView,
+    CheckpointKind,
+    EvictionCandidate,
+    MemoryKind,
+    ResumePlan,
+    SlotCandidate,
+    checkpoint_schedule,
+    choose_evictions,
+    common_prefix_len,
     plan_admissions,
-    plan_reuse,
 )
+from hyserve.engine.cancel import CancelSource
+from hyserve.engine.checkpoints import Checkpoint, CheckpointList
+from hyserve.engine.prefix_store import PrefixStore, StoredSequence
+from hyserve.engine.sampling import apply_penalties, log_softmax, sample
+from hyserve.engine.scheduler import BoundedFifo, QueueFullError, SlotWork, compose_batch
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -61,6 +72,7 @@ from hyserve.model.tokenizer import IncrementalDecoder, Tokenizer
 
 __all__ = [
     "CancelOutcome",
+    "CheckpointInfo",
     "DuplicateTaskError",
     "Engine",
     "EngineClosedError",
@@ -83,6 +95,9 @@ class EngineConfig:
     prompt_chunk: int = 128  # token budget of one forward call (prompt chunks + decode tokens)
     ended_task_retention_s: float = 600.0  # how long a late Cancel still answers ALREADY_FINISHED
     ended_task_max: int = 100_000
+    checkpoint_memory: int = 1 << 30  # bytes for all slots' checkpoints
+    checkpoint_interval: int = 1024  # also checkpoint every this many tokens of a long prompt (0: off)
+    cache_memory: int = 2 << 30  # bytes of the host-memory prefix store (0: off)
 
     def __post_init__(self) -> None:
         if self.n_slots < 1:
@@ -93,6 +108,8 @@ class EngineConfig:
             raise ValueError("queue_size must be >= 0")
         if self.prompt_chunk < 1:
             raise ValueError("prompt_chunk must be >= 1")
+        if self.checkpoint_memory < 0 or self.cache_memory < 0 or self.checkpoint_interval < 0:
+            raise ValueError("checkpoint_memory, cache_memory and checkpoint_interval must be >= 0")
 
 
 class DuplicateTaskError(RuntimeError):
@@ -116,11 +133,20 @@ class SlotState(Enum):
 
 
 @dataclass(frozen=True)
+class CheckpointInfo:
+    position: int
+    kind: CheckpointKind
+    nbytes: int
+    has_logits: bool
+
+
+@dataclass(frozen=True)
 class SlotSnapshot:
     index: int
     state: SlotState
     task_id: str
     cached_tokens: int
+    checkpoints: tuple[CheckpointInfo, ...] = ()
 
 
 @dataclass
@@ -129,14 +155,27 @@ class EngineCounters:
     prompt_tokens_reused: int = 0
     prompt_tokens_processed: int = 0
     full_reprocess_by_reason: dict[str, int] = field(default_factory=dict)
+    reprocessed_tokens_by_reason: dict[str, int] = field(default_factory=dict)
+    restores: int = 0
+    checkpoints_created: int = 0
+    checkpoints_evicted: int = 0
+    checkpoints_invalidated: int = 0
+    prefix_store_hits: int = 0
+    prefix_store_misses: int = 0
+    prefix_store_evicted: int = 0
 
     def copy(self) -> EngineCounters:
-        return EngineCounters(
-            self.prompt_tokens_received,
-            self.prompt_tokens_reused,
-            self.prompt_tokens_processed,
-            dict(self.full_reprocess_by_reason),
-        )
+        c = replace(self)
+        c.full_reprocess_by_reason = dict(self.full_reprocess_by_reason)
+        c.reprocessed_tokens_by_reason = dict(self.reprocessed_tokens_by_reason)
+        return c
+
+
+@dataclass(frozen=True)
+class StoreSnapshot:
+    entries: int = 0
+    nbytes: int = 0
+    budget: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,25 +183,51 @@ class EngineStats:
     slots: tuple[SlotSnapshot, ...]
     counters: EngineCounters
     queued: int
+    store: StoreSnapshot = StoreSnapshot()
 
 
 # --- slots and running tasks ---------------------------------------------------------------------
 
 
+def memory_kind(memory: SequenceMemory) -> MemoryKind:
+    if not memory.recurrent:
+        return MemoryKind.ATTENTION
+    return MemoryKind.HYBRID if memory.has_attention else MemoryKind.RECURRENT
+
+
 class Slot:
-    """A sequence memory and the tokens `tokens` (T) whose effect it holds."""
+    """A sequence memory, the tokens `tokens` (T) whose effect it holds, and its checkpoints."""
 
     def __init__(self, index: int, memory: SequenceMemory) -> None:
         self.index = index
         self.memory = memory
+        self.kind = memory_kind(memory)
         self.tokens: list[int] = []
+        self.checkpoints = CheckpointList()
         self.run: _Run | None = None
         self.last_used = 0
+        self.last_prompt_len = 0  # the last task's prompt length: its generated tail starts there
 
     def truncate(self, n: int) -> None:
         """Keep the first n tokens (memory and bookkeeping together)."""
         self.memory.truncate(n)
         del self.tokens[n:]
+
+    def restore(self, cp: Checkpoint) -> None:
+        """Go back to checkpoint `cp` (a prefix of T: I2)."""
+        self.memory.restore(cp.snapshot)
+        del self.tokens[cp.position :]
+
+    def load(self, entry: StoredSequence, n: int, cp: Checkpoint | None) -> None:
+        """Become the first n tokens of a prefix-store entry (its state at n is its checkpoint `cp`,
+        or its live end); the entry's checkpoints up to n come along."""
+        self.memory.load(entry.image, n, cp.snapshot if cp is not None else None)
+        self.tokens = list(entry.tokens[:n])
+        self.checkpoints = CheckpointList(entry.checkpoints.up_to(n))
+
+    def candidate(self) -> SlotCandidate:
+        view = CachedView(self.tokens, self.memory.live_floor, self.checkpoints.views())
+        return SlotCandidate(self.index, view, self.last_used)
 
     def commit(self, evaluated: Sequence[int]) -> None:
         """Record tokens that a successful forward call has just added to the memory."""
@@ -174,9 +239,6 @@ class Slot:
 
     def consistent(self) -> bool:
         return len(self.tokens) == self.memory.n_tokens
-
-    def view(self) -> SlotView:
-        return SlotView(self.index, self.tokens, self.last_used)
 
 
 class _StopText:
@@ -201,7 +263,7 @@ class _Run:
 
     task: Task
     slot: Slot
-    plan: ReusePlan
+    plan: ResumePlan
     seq: int  # admission order
     admitted_at: float
     text: _StopText
@@ -210,6 +272,8 @@ class _Run:
     history: list[int]  # prompt + sampled tokens (for penalties)
     generated: list[int] = field(default_factory=list)
     next_token: int | None = None  # sampled, not yet evaluated
+    schedule: deque[tuple[int, CheckpointKind]] = field(default_factory=deque)  # checkpoints still to take
+    first_logits: np.ndarray | None = None  # a restored checkpoint's logits: sample before any forward
     processed: int = 0  # prompt tokens evaluated for this task
     prompt_done_at: float | None = None
     first_token_at: float | None = None
@@ -223,8 +287,13 @@ class _Run:
     def decoding(self) -> bool:
         return self.next_token is not None
 
+    def prompt_step_limit(self) -> int:
+        """Prompt tokens the next chunk may take: up to the next checkpoint position (a chunk edge)."""
+        end = self.schedule[0][0] if self.schedule else len(self.prompt)
+        return end - self.pos
+
     def usage(self) -> Usage:
-        return Usage(len(self.prompt), self.plan.reuse, self.processed, len(self.generated))
+        return Usage(len(self.prompt), self.plan.resume, self.processed, len(self.generated))
 
     def timings(self, now: float) -> Timings:
         received = self.task.received_at
@@ -247,6 +316,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         self.slots = [Slot(i, arch.new_memory(self.config.n_ctx)) for i in range(self.config.n_slots)]
+        self.store = PrefixStore(self.config.cache_memory)  # engine thread only
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         # guarded by _lock:
@@ -257,6 +327,7 @@ class Engine:
         self._stopping = False
         self._counters = EngineCounters()
         self._snapshot: tuple[SlotSnapshot, ...] = self._take_snapshot()
+        self._store_snapshot = StoreSnapshot(0, 0, self.store.budget)
         # engine thread only:
         self._admissions = 0
         self._thread: threading.Thread | None = None
@@ -316,7 +387,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         with self._lock:
-            return EngineStats(self._snapshot, self._counters.copy(), len(self._queue))
+            return EngineStats(self._snapshot, self._counters.copy(), len(self._queue), self._store_snapshot)
 
     def close(self) -> None:
         """Stop accepting tasks; queued and running ones go on (graceful drain)."""
@@ -375,11 +446,15 @@ class Engine:
                     task_id=run.task.id,
                     slot_index=run.slot.index,
                     prompt_tokens=len(run.prompt),
-                    reused_tokens=run.plan.reuse,
+                    reused_tokens=run.plan.resume,
                     reuse_source=run.plan.source,
                     matched_tokens=run.plan.matched,
                 )
             )
+            if run.first_logits is not None:  # resumed at the prompt end: its logits were stored
+                logits, run.first_logits = run.first_logits, None
+                run.prompt_done_at = time.perf_counter()
+                self._sample_or_fail(run, logits.copy(), run.prompt_done_at)
         for slot in self.slots:
             if slot.run is not None and slot.run.task.cancelled:
                 self._end_cancelled(slot.run)
@@ -390,57 +465,145 @@ class Engine:
         free = [slot for slot in self.slots if slot.run is None]
         if not free:
             return []
-        admitted: list[_Run] = []
         with self._lock:
             queued = list(self._queue)
-            plan = plan_admissions([t.prompt for t in queued], [s.view() for s in free])
-            now = time.perf_counter()
-            for i, (pos, index, _lcp) in enumerate(plan):
-                assert pos == i, "admission is FIFO"
-                task = self._queue.pop()
-                slot = self.slots[index]
-                reuse = plan_reuse(slot.tokens, task.prompt, task.cache_prompt, slot.memory.truncatable)
-                slot.truncate(reuse.reuse)
+            store = self.store.candidates() if self.store.enabled else []
+            plan = plan_admissions([(t.prompt, t.cache_prompt) for t in queued], [s.candidate() for s in free], store)
+            tasks = [self._queue.pop() for _ in plan]
+            for task in tasks:
                 task.state = TaskState.RUNNING
-                self._admissions += 1
-                run = _Run(
-                    task=task,
-                    slot=slot,
-                    plan=reuse,
-                    seq=self._admissions,
-                    admitted_at=now,
-                    text=_StopText(self.tokenizer, task.stop.stop_strings),
-                    rng=np.random.default_rng(task.params.seed),
-                    pos=reuse.reuse,
-                    history=list(task.prompt),
-                )
-                slot.run = run
-                c = self._counters
-                c.prompt_tokens_received += len(task.prompt)
-                c.prompt_tokens_reused += reuse.reuse
-                if reuse.miss_reason is not None:
-                    c.full_reprocess_by_reason[reuse.miss_reason] = (
-                        c.full_reprocess_by_reason.get(reuse.miss_reason, 0) + 1
-                    )
-                admitted.append(run)
+        now = time.perf_counter()
+        admitted = [self._start(task, self.slots[a.slot], a, now) for task, a in zip(tasks, plan)]
         for run in admitted:
             run.task.log.info(
                 "task_admitted",
                 slot=run.slot.index,
                 prompt_tokens=len(run.prompt),
                 matched=run.plan.matched,
-                reused=run.plan.reuse,
-                miss_reason=run.plan.miss_reason,
+                reused=run.plan.resume,
+                source=run.plan.source.value,
+                restored=run.plan.restore,
+                reason=run.plan.reason,
+                checkpoints_planned=len(run.schedule),
                 queue_ms=round((run.admitted_at - run.task.received_at) * 1e3, 1),
             )
         return admitted
 
+    def _start(self, task: Task, slot: Slot, admission: Admission, now: float) -> _Run:
+        """Prepare the slot's memory for the task's resume point and create its run."""
+        plan = admission.plan
+        if admission.store_key is not None:
+            if common_prefix_len(slot.tokens, task.prompt) < slot.last_prompt_len:
+                self._stash(slot)
+            first_logits = self._load_from_store(slot, admission.store_key, plan)
+        else:
+            if self.store.enabled and task.cache_prompt:
+                # the slot loses more than its last generation: keep that state for later
+                if plan.resume < len(slot.tokens) and plan.matched < slot.last_prompt_len:
+                    self._stash(slot)
+                if plan.reprocessed or plan.resume == 0:  # the store had nothing better either
+                    self._count(prefix_store_misses=1)
+            first_logits = self._apply_plan(slot, plan)
+        with self._lock:
+            c = self._counters
+            c.prompt_tokens_received += len(task.prompt)
+            c.prompt_tokens_reused += plan.resume
+            if plan.resume == 0 and plan.reason is not None:
+                c.full_reprocess_by_reason[plan.reason] = c.full_reprocess_by_reason.get(plan.reason, 0) + 1
+            if plan.reprocessed and plan.reason is not None:
+                by = c.reprocessed_tokens_by_reason
+                by[plan.reason] = by.get(plan.reason, 0) + plan.reprocessed
+        assert slot.consistent() and len(slot.tokens) == plan.resume
+        slot.last_prompt_len = len(task.prompt)
+        self._admissions += 1
+        schedule: list[tuple[int, CheckpointKind]] = []
+        if task.cache_prompt:
+            schedule = checkpoint_schedule(
+                plan.resume,
+                len(task.prompt),
+                slot.kind,
+                task.message_boundaries,
+                task.checkpoint_offsets,
+                self.config.checkpoint_interval,
+            )
+        run = _Run(
+            task=task,
+            slot=slot,
+            plan=plan,
+            seq=self._admissions,
+            admitted_at=now,
+            text=_StopText(self.tokenizer, task.stop.stop_strings),
+            rng=np.random.default_rng(task.params.seed),
+            pos=plan.resume,
+            history=list(task.prompt),
+            schedule=deque(schedule),
+            first_logits=first_logits,
+        )
+        slot.run = run
+        return run
+
+    def _apply_plan(self, slot: Slot, plan: ResumePlan) -> np.ndarray | None:
+        """Bring a slot to the plan's resume point (I2: checkpoints past it go). Returns the logits to
+        sample from when the plan resumes at the prompt end."""
+        dropped = slot.checkpoints.drop_after(plan.resume)
+        self._count(checkpoints_invalidated=len(dropped))
+        if plan.restore is None:
+            slot.truncate(plan.resume)
+            return None
+        cp = slot.checkpoints.get(plan.restore)
+        assert cp is not None, "the plan restores a checkpoint the slot has"
+        slot.restore(cp)
+        self._count(restores=1)
+        return cp.logits if plan.from_logits else None
+
+    def _load_from_store(self, slot: Slot, key: int, plan: ResumePlan) -> np.ndarray | None:
+        entry = self.store.get(key)
+        cp = entry.checkpoints.get(plan.restore) if plan.restore is not None else None
+        dropped = slot.checkpoints.clear()
+        slot.load(entry, plan.resume, cp)
+        if plan.resume == len(entry.tokens):  # the slot now holds all of it
+            self.store.remove(key)
+        self._count(checkpoints_invalidated=len(dropped), restores=1, prefix_store_hits=1)
+        return cp.logits if cp is not None and plan.from_logits else None
+
+    def _stash(self, slot: Slot) -> None:
+        """Copy a slot's whole state (memory + checkpoints) to the prefix store before it is overwritten."""
+        if not self.store.enabled or not slot.tokens:
+            return
+        entry = StoredSequence(
+            tuple(slot.tokens), slot.memory.export(), CheckpointList(list(slot.checkpoints)), slot.memory.live_floor
+        )
+        stored, evicted = self.store.put(entry)
+        self._count(prefix_store_evicted=evicted)
+        log.info("slot_stashed", slot=slot.index, tokens=len(entry.tokens), bytes=entry.nbytes, stored=stored)
+
+    def _take_checkpoint(self, run: _Run, kind: CheckpointKind, logits: np.ndarray | None) -> None:
+        slot = run.slot
+        keep = logits.copy() if logits is not None and kind is CheckpointKind.PROMPT_END else None
+        slot.checkpoints.add(Checkpoint(run.pos, kind, slot.memory.snapshot(), keep, run.seq))
+        with self._lock:
+            self._counters.checkpoints_created += 1
+            self._enforce_checkpoint_budget()
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, n in deltas.items():
+                setattr(self._counters, name, getattr(self._counters, name) + n)
+
+    def _enforce_checkpoint_budget(self) -> None:
+        items = [
+            EvictionCandidate(slot.index, cp.position, cp.kind, cp.nbytes, cp.turn)
+            for slot in self.slots
+            for cp in slot.checkpoints
+        ]
+        for victim in choose_evictions(items, self.config.checkpoint_memory):
+            self.slots[victim.owner].checkpoints.remove(victim.position)
+            self._counters.checkpoints_evicted += 1
+
     def _step(self) -> None:
         busy = [slot for slot in self.slots if slot.run is not None]
         work = [
-            SlotWork(s.index, s.run.decoding, len(s.run.prompt) - s.run.pos, s.run.seq)
-            for s in busy
-            if s.run is not None
+            SlotWork(s.index, s.run.decoding, s.run.prompt_step_limit(), s.run.seq) for s in busy if s.run is not None
         ]
         items = compose_batch(work, self.config.prompt_chunk)
         segments: list[Segment] = []
@@ -488,12 +651,17 @@ class Engine:
                     self._counters.prompt_tokens_processed += item.n_tokens
                 if run.pos == len(run.prompt):
                     run.prompt_done_at = now
+                if run.schedule and run.schedule[0][0] == run.pos:  # committed: its state is complete (I3)
+                    self._take_checkpoint(run, run.schedule.popleft()[1], logits)
             if logits is not None and not run.task.cancelled:  # a cancelled task samples nothing more
-                try:
-                    self._on_logits(run, logits, now)
-                except Exception as exc:  # sampling/decoding bug for this task: fail it alone
-                    run.task.log.exception("sampling_failed")
-                    self._fail(run, f"sampling failed: {type(exc).__name__}: {exc}")
+                self._sample_or_fail(run, logits, now)
+
+    def _sample_or_fail(self, run: _Run, logits: np.ndarray, now: float) -> None:
+        try:
+            self._on_logits(run, logits, now)
+        except Exception as exc:  # sampling/decoding bug for this task: fail it alone
+            run.task.log.exception("sampling_failed")
+            self._fail(run, f"sampling failed: {type(exc).__name__}: {exc}")
 
     def _on_logits(self, run: _Run, logits: np.ndarray, now: float) -> None:
         task, stop = run.task, run.task.stop
@@ -593,6 +761,7 @@ class Engine:
                 log.warning("slot_reset", slot=slot.index, tokens=len(slot.tokens), memory=slot.memory.n_tokens)
                 slot.memory.truncate(0)
                 slot.tokens.clear()
+                self._count(checkpoints_invalidated=len(slot.checkpoints.clear()))
 
     # --- bookkeeping -----------------------------------------------------------------------------
 
@@ -622,10 +791,15 @@ class Engine:
                 state, task_id = SlotState.PROCESSING_PROMPT, run.task.id
             else:
                 state, task_id = SlotState.GENERATING, run.task.id
-            out.append(SlotSnapshot(slot.index, state, task_id, len(slot.tokens)))
+            checkpoints = tuple(
+                CheckpointInfo(cp.position, cp.kind, cp.nbytes, cp.logits is not None) for cp in slot.checkpoints
+            )
+            out.append(SlotSnapshot(slot.index, state, task_id, len(slot.tokens), checkpoints))
         return tuple(out)
 
     def _publish(self) -> None:
         snapshot = self._take_snapshot()
+        store = StoreSnapshot(len(self.store), self.store.bytes, self.store.budget)
         with self._lock:
             self._snapshot = snapshot
+            self._store_snapshot = store

@@ -2,11 +2,8 @@
 
 - `BoundedFifo`: the waiting queue (admission in arrival order; full -> the API answers
   RESOURCE_EXHAUSTED).
-- `choose_slot` / `plan_admissions`: which free slot a queued prompt goes to (longest common
-  prefix with the slot's cached tokens first).
-- `plan_reuse`: where prompt processing resumes on that slot (attention-only memory for now: the
-  KV cache can be truncated anywhere, so the resume point is the longest common prefix, keeping at
-  least one prompt token to evaluate because the logits after the prompt are not stored).
+- (which slot a queued prompt goes to and where it resumes: the prompt cache's decisions, in
+  cache_plan.py)
 - `compose_batch`: what one forward call evaluates: one token for every generating slot plus
   prompt chunks, oldest admission first, within a token budget.
 
@@ -20,22 +17,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-import numpy as np
-
-from hyserve.engine.task import ReuseSource
-
 __all__ = [
     "BatchItem",
     "BoundedFifo",
     "QueueFullError",
-    "ReusePlan",
-    "SlotView",
     "SlotWork",
-    "choose_slot",
-    "common_prefix_len",
     "compose_batch",
-    "plan_admissions",
-    "plan_reuse",
 ]
 
 T = TypeVar("T")
@@ -88,108 +75,6 @@ class BoundedFifo(Generic[T]):
         return self._items[i]
 
 
-# --- slot choice ---------------------------------------------------------------------------------
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    if n < 64:
-        for i in range(n):
-            if a[i] != b[i]:
-                return i
-        return n
-    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
-    return int(diff[0]) if len(diff) else n
-
-
-@dataclass(frozen=True)
-class SlotView:
-    """What slot choice needs to know about a free slot."""
-
-    index: int
-    tokens: Sequence[int]  # T: the tokens whose state the slot's memory holds
-    last_used: int  # larger = used more recently
-
-
-def choose_slot(free: Sequence[SlotView], prompt: Sequence[int]) -> tuple[int, int]:
-    """(slot index, common prefix length) of the best free slot for `prompt`.
-
-    Longest common prefix wins; among equals an empty slot (nothing to overwrite), then the least
-    recently used one (its conversation is the least likely to come back), then the lowest index.
-    """
-    if not free:
-        raise ValueError("no free slot")
-    best: tuple[int, int, int, int] | None = None
-    best_lcp = 0
-    for view in free:
-        lcp = common_prefix_len(view.tokens, prompt)
-        key = (lcp, 1 if not view.tokens else 0, -view.last_used, -view.index)
-        if best is None or key > best:
-            best, best_lcp = key, lcp
-    assert best is not None
-    return -best[3], best_lcp
-
-
-def plan_admissions(queued: Sequence[Sequence[int]], free: Sequence[SlotView]) -> list[tuple[int, int, int]]:
-    """Admit queued prompts in FIFO order while free slots remain.
-
-    Returns (queue position, slot index, common prefix length) for each admitted prompt, in order.
-    """
-    remaining = list(free)
-    plan: list[tuple[int, int, int]] = []
-    for pos, prompt in enumerate(queued):
-        if not remaining:
-            break
-        index, lcp = choose_slot(remaining, prompt)
-        plan.append((pos, index, lcp))
-        remaining = [v for v in remaining if v.index != index]
-    return plan
-
-
-# --- resume point --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReusePlan:
-    matched: int  # longest common prefix of the slot's tokens and the prompt
-    reuse: int  # resume position r: prompt[:r] is kept, prompt[r:] is evaluated
-    source: ReuseSource
-    miss_reason: str | None = None  # why nothing was reused (reuse == 0), for the counters
-
-
-def plan_reuse(
-    cached: Sequence[int], prompt: Sequence[int], cache_prompt: bool = True, truncatable: bool = True
-) -> ReusePlan:
-    """Resume point for `prompt` on a slot holding `cached`.
-
-    r = min(L, len(prompt) - 1): at least one prompt token is evaluated, because the logits after
-    the prompt are needed to sample the first token and are not stored. Memory with recurrent state
-    (`truncatable=False`) can only resume at its live end (a pure extension) or start over; resuming
-    in between needs a checkpoint (the prompt-cache work).
-    """
-    if not prompt:
-        raise ValueError("empty prompt")
-    matched = common_prefix_len(cached, prompt)
-    if not cache_prompt:
-        return ReusePlan(matched, 0, ReuseSource.NONE, "cache_prompt_disabled")
-    reuse = min(matched, len(prompt) - 1)
-    if not truncatable and reuse < len(cached):
-        reason = "cold_slot" if not cached else "recurrent_state_not_at_resume_point"
-        return ReusePlan(matched, 0, ReuseSource.NONE, reason)
-    if reuse > 0:
-        return ReusePlan(matched, reuse, ReuseSource.SLOT_LIVE)
-    if not cached:
-        reason = "cold_slot"
-    elif matched == 0:
-        reason = "no_common_prefix"
-    else:
-        reason = "single_token_prompt"
-    return ReusePlan(matched, 0, ReuseSource.NONE, reason)
-
-
 # --- batch composition ---------------------------------------------------------------------------
 
 
@@ -199,7 +84,7 @@ class SlotWork:
 
     index: int
     decoding: bool  # True: evaluate its last sampled token; False: it is processing its prompt
-    prompt_remaining: int = 0  # prompt tokens still to evaluate (when not decoding)
+    prompt_remaining: int = 0  # prompt tokens the next chunk may take (to the prompt end or next checkpoint)
     admitted: int = 0  # admission order (smaller = earlier)
 
 

@@ -154,7 +154,7 @@ class Task:
     top_logprobs: int = 0
     cache_prompt: bool = True
     # token index where each chat message starts (for checkpoints; empty for text/token input)
-    message_starts: tuple[int, ...] = ()
+    message_boundaries: tuple[int, ...] = ()
     checkpoint_offsets: tuple[int, ...] = ()
     received_at: float = field(default_factory=time.perf_counter)
     cancel_flag: CancelFlag = field(default_factory=CancelFlag)

@@ -61,6 +61,19 @@ class Snapshot:
         return sum(c.nbytes + s.nbytes for c, s in self.states.values())
 
 
+@dataclass(frozen=True)
+class MemoryImage:
+    """A full copy of a memory after `n_tokens` tokens (for the host-memory prefix store)."""
+
+    n_tokens: int
+    kv: dict[int, tuple[np.ndarray, np.ndarray]]
+    live: Snapshot
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.kv.values()) + self.live.nbytes
+
+
 class SequenceMemory:
     def __init__(self, n_ctx: int, kv: dict[int, KVCache], recurrent: dict[int, RecurrentState] | None = None) -> None:
         self.n_ctx = n_ctx
@@ -73,6 +86,34 @@ class SequenceMemory:
         """True when any prefix can be resumed by truncation (no recurrent state)."""
         return not self.recurrent
 
+    @property
+    def live_floor(self) -> int:
+        """The smallest n that `truncate(n)` reaches exactly (besides 0, a reset)."""
+        return 0 if not self.recurrent else self.n_tokens
+
+    @property
+    def has_attention(self) -> bool:
+        return bool(self.kv)
+
+    def export(self) -> MemoryImage:
+        """A copy of everything this memory holds (KV entries up to n_tokens + the recurrent state)."""
+        n = self.n_tokens
+        kv = {il: (c.k[:n].copy(), c.v[:n].copy()) for il, c in self.kv.items()}
+        return MemoryImage(n, kv, self.snapshot())
+
+    def load(self, image: MemoryImage, n: int, snap: Snapshot | None = None) -> None:
+        """Become the memory after the first n tokens of `image`: its KV entries up to n, and the
+        recurrent state `snap` (a checkpoint at n), or the image's own when n is its length."""
+        if not 0 <= n <= min(image.n_tokens, self.n_ctx):
+            raise ValueError(f"cannot load {n} tokens from an image of {image.n_tokens} (context {self.n_ctx})")
+        state = snap if snap is not None else image.live
+        if self.recurrent and state.n_tokens != n:
+            raise ValueError(f"recurrent state of {state.n_tokens} tokens cannot resume at {n}")
+        for il, (k, v) in image.kv.items():
+            self.kv[il].write(0, k[:n], v[:n])
+        self._put_states(state)
+        self.n_tokens = n
+
     def snapshot(self) -> Snapshot:
         return Snapshot(self.n_tokens, {il: (st.conv.copy(), st.ssm.copy()) for il, st in self.recurrent.items()})
 
@@ -81,10 +122,13 @@ class SequenceMemory:
         (its entries up to that position must still be those of the same tokens: the caller's prefix)."""
         if snap.n_tokens > self.n_tokens:
             raise ValueError(f"snapshot of {snap.n_tokens} tokens is ahead of the memory ({self.n_tokens})")
+        self._put_states(snap)
+        self.n_tokens = snap.n_tokens
+
+    def _put_states(self, snap: Snapshot) -> None:
         for il, (conv, ssm) in snap.states.items():
             self.recurrent[il].conv[...] = conv
             self.recurrent[il].ssm[...] = ssm
-        self.n_tokens = snap.n_tokens
 
     def check_room(self, n_new: int) -> None:
         if self.n_tokens + n_new > self.n_ctx:

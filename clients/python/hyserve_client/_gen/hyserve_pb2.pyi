@@ -343,8 +343,15 @@ class PrefixStoreStats(_message.Message):
     def __init__(self, entries: _Optional[int] = ..., bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class CacheCounters(_message.Message):
-    __slots__ = ("prompt_tokens_received", "prompt_tokens_reused", "prompt_tokens_processed", "restores", "full_reprocess_by_reason", "checkpoints_created", "checkpoints_evicted", "checkpoints_invalidated", "prefix_store_hits", "prefix_store_misses")
+    __slots__ = ("prompt_tokens_received", "prompt_tokens_reused", "prompt_tokens_processed", "restores", "full_reprocess_by_reason", "checkpoints_created", "checkpoints_evicted", "checkpoints_invalidated", "prefix_store_hits", "prefix_store_misses", "reprocessed_tokens_by_reason", "prefix_store_evicted")
     class FullReprocessByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ReprocessedTokensByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +368,8 @@ class CacheCounters(_message.Message):
     CHECKPOINTS_INVALIDATED_FIELD_NUMBER: _ClassVar[int]
     PREFIX_STORE_HITS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_STORE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    REPROCESSED_TOKENS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_STORE_EVICTED_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens_received: int
     prompt_tokens_reused: int
     prompt_tokens_processed: int
@@ -371,7 +380,9 @@ class CacheCounters(_message.Message):
     checkpoints_invalidated: int
     prefix_store_hits: int
     prefix_store_misses: int
-    def __init__(self, prompt_tokens_received: _Optional[int] = ..., prompt_tokens_reused: _Optional[int] = ..., prompt_tokens_processed: _Optional[int] = ..., restores: _Optional[int] = ..., full_reprocess_by_reason: _Optional[_Mapping[str, int]] = ..., checkpoints_created: _Optional[int] = ..., checkpoints_evicted: _Optional[int] = ..., checkpoints_invalidated: _Optional[int] = ..., prefix_store_hits: _Optional[int] = ..., prefix_store_misses: _Optional[int] = ...) -> None: ...
+    reprocessed_tokens_by_reason: _containers.ScalarMap[str, int]
+    prefix_store_evicted: int
+    def __init__(self, prompt_tokens_received: _Optional[int] = ..., prompt_tokens_reused: _Optional[int] = ..., prompt_tokens_processed: _Optional[int] = ..., restores: _Optional[int] = ..., full_reprocess_by_reason: _Optional[_Mapping[str, int]] = ..., checkpoints_created: _Optional[int] = ..., checkpoints_evicted: _Optional[int] = ..., checkpoints_invalidated: _Optional[int] = ..., prefix_store_hits: _Optional[int] = ..., prefix_store_misses: _Optional[int] = ..., reprocessed_tokens_by_reason: _Optional[_Mapping[str, int]] = ..., prefix_store_evicted: _Optional[int] = ...) -> None: ...
 
 class ModelInfoRequest(_message.Message):
     __slots__ = ()

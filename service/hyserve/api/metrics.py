@@ -1,0 +1,87 @@
+"""The CacheStats numbers on a Prometheus endpoint (`hyserve serve --metrics-port N`).
+
+A custom collector reads one `Engine.stats()` snapshot per scrape, so the endpoint and the
+CacheStats RPC always agree. Names follow the vLLM/GIE conventions where one exists
+(`..._num_requests_running`, `..._num_requests_waiting`, `..._kv_cache_usage_perc`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hyserve.engine.engine import EngineStats, SlotState
+
+__all__ = ["StatsCollector", "serve_metrics"]
+
+PREFIX = "hyserve"
+
+
+class StatsCollector(Collector):
+    def __init__(self, stats: Callable[[], EngineStats], n_ctx: int) -> None:
+        self._stats = stats
+        self._n_ctx = n_ctx
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        c = s.counters
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+        running = sum(1 for slot in s.slots if slot.state is not SlotState.IDLE)
+        yield gauge("num_requests_running", "Tasks holding a slot.", running)
+        yield gauge("num_requests_waiting", "Tasks waiting in the queue.", s.queued)
+        cached = sum(slot.cached_tokens for slot in s.slots)
+        yield gauge("kv_cache_usage_perc", "Slot memory in use, 0-1.", cached / max(1, len(s.slots) * self._n_ctx))
+        per_slot = GaugeMetricFamily(f"{PREFIX}_slot_cached_tokens", "Tokens in a slot's memory.", labels=["slot"])
+        cps = GaugeMetricFamily(f"{PREFIX}_slot_checkpoints", "Checkpoints a slot holds.", labels=["slot"])
+        cp_bytes = GaugeMetricFamily(
+            f"{PREFIX}_slot_checkpoint_bytes", "Bytes of a slot's checkpoints.", labels=["slot"]
+        )
+        for slot in s.slots:
+            per_slot.add_metric([str(slot.index)], slot.cached_tokens)
+            cps.add_metric([str(slot.index)], len(slot.checkpoints))
+            cp_bytes.add_metric([str(slot.index)], sum(cp.nbytes for cp in slot.checkpoints))
+        yield per_slot
+        yield cps
+        yield cp_bytes
+        yield counter("prompt_tokens_received", "Prompt tokens of admitted tasks.", c.prompt_tokens_received)
+        yield counter("prompt_tokens_reused", "Prompt tokens whose state came from the cache.", c.prompt_tokens_reused)
+        yield counter("prompt_tokens_processed", "Prompt tokens evaluated by the model.", c.prompt_tokens_processed)
+        yield counter("cache_restores", "Checkpoints or store entries restored into a slot.", c.restores)
+        full = CounterMetricFamily(f"{PREFIX}_full_reprocess", "Prompts evaluated from scratch.", labels=["reason"])
+        for reason, n in sorted(c.full_reprocess_by_reason.items()):
+            full.add_metric([reason], n)
+        yield full
+        again = CounterMetricFamily(
+            f"{PREFIX}_reprocessed_tokens", "Cached prompt tokens evaluated again.", labels=["reason"]
+        )
+        for reason, n in sorted(c.reprocessed_tokens_by_reason.items()):
+            again.add_metric([reason], n)
+        yield again
+        yield counter("checkpoints_created", "Checkpoints created.", c.checkpoints_created)
+        yield counter("checkpoints_evicted", "Checkpoints dropped for the byte budget.", c.checkpoints_evicted)
+        yield counter(
+            "checkpoints_invalidated", "Checkpoints that stopped describing a prefix.", c.checkpoints_invalidated
+        )
+        yield gauge("prefix_store_entries", "Entries in the prefix store.", s.store.entries)
+        yield gauge("prefix_store_bytes", "Bytes used by the prefix store.", s.store.nbytes)
+        yield gauge("prefix_store_budget_bytes", "Byte budget of the prefix store.", s.store.budget)
+        yield counter("prefix_store_hits", "Store lookups that found a usable entry.", c.prefix_store_hits)
+        yield counter("prefix_store_misses", "Store lookups that found nothing usable.", c.prefix_store_misses)
+        yield counter("prefix_store_evicted", "Store entries dropped for the byte budget.", c.prefix_store_evicted)
+
+
+def serve_metrics(stats: Callable[[], EngineStats], n_ctx: int, host: str, port: int) -> int:
+    """Start the HTTP endpoint on a daemon thread; returns the bound port (port 0: any free one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector(stats, n_ctx))
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return int(server.server_address[1])

@@ -1,0 +1,327 @@
+"""Prompt-cache decisions as plain functions of state: no model, no memory, no threads.
+
+ARCHITECTURE.md "The prompt cache" is the specification. Words used here:
+- `T`: the tokens whose effect a cached sequence (a slot's memory or a prefix-store entry) holds;
+- a checkpoint: a copy of that memory's non-truncatable part (recurrent state, ring-buffer window)
+  after exactly the first `position` tokens of `T`, optionally with the logits after token
+  `position - 1`;
+- `live_floor`: the smallest position the live memory reaches by truncation alone (0 for a plain
+  KV cache, `len(T)` for recurrent state, in between for a ring-buffer window cache).
+
+`plan_resume` picks where a prompt resumes on one cached sequence, `plan_admissions` picks the
+slot (and prefix-store entry) for each queued prompt, `checkpoint_schedule` says where checkpoints
+are taken while a prompt is processed, `choose_evictions` keeps checkpoints within a byte budget,
+and `subsumes` tells when a store entry is made redundant by a newer one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from hyserve.engine.task import ReuseSource
+
+__all__ = [
+    "Admission",
+    "CachedView",
+    "CheckpointKind",
+    "CheckpointView",
+    "EvictionCandidate",
+    "MemoryKind",
+    "ResumePlan",
+    "SlotCandidate",
+    "StoreCandidate",
+    "checkpoint_schedule",
+    "choose_evictions",
+    "common_prefix_len",
+    "plan_admissions",
+    "plan_resume",
+    "subsumes",
+]
+
+
+class MemoryKind(Enum):
+    ATTENTION = "attention"  # KV caches only: every prefix is reachable by truncation
+    SLIDING_WINDOW = "sliding_window"  # a ring-buffer window cache: only recent positions are
+    RECURRENT = "recurrent"  # conv + SSM state only
+    HYBRID = "hybrid"  # recurrent layers and attention layers
+
+    @property
+    def needs_checkpoints(self) -> bool:
+        """Whether resuming before the live end needs a saved copy of the memory."""
+        return self is not MemoryKind.ATTENTION
+
+
+class CheckpointKind(Enum):
+    MESSAGE_START = "message_start"
+    PROMPT_END = "prompt_end"
+    CLIENT_REQUESTED = "client_requested"
+    INTERVAL = "interval"
+
+
+# When two kinds fall on one position the more specific one names it; eviction drops the lower first.
+_KIND_RANK = {
+    CheckpointKind.INTERVAL: 0,
+    CheckpointKind.MESSAGE_START: 1,
+    CheckpointKind.CLIENT_REQUESTED: 2,
+    CheckpointKind.PROMPT_END: 3,
+}
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    if n < 64:
+        for i in range(n):
+            if a[i] != b[i]:
+                return i
+        return n
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if len(diff) else n
+
+
+# --- where a prompt resumes ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    position: int
+    has_logits: bool = False
+
+
+@dataclass(frozen=True)
+class CachedView:
+    """What resume planning needs to know about one cached sequence."""
+
+    tokens: Sequence[int]
+    live_floor: int  # truncating the live memory to any n in [live_floor, len(tokens)] is exact
+    checkpoints: Sequence[CheckpointView] = ()
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    matched: int  # L: longest common prefix of the cached tokens and the prompt
+    resume: int  # r: prompt[:r] is kept, prompt[r:] is evaluated
+    source: ReuseSource
+    restore: int | None = None  # position of the checkpoint to restore (None: keep/truncate the live memory)
+    from_logits: bool = False  # r == len(prompt): the first token is sampled from the checkpoint's logits
+    invalidate: tuple[int, ...] = ()  # checkpoint positions past r: no longer prefixes of T once T = prompt[:r]
+    reason: str | None = None  # why matched tokens are evaluated again (matched > resume), or why r == 0
+
+    @property
+    def reprocessed(self) -> int:
+        """Tokens whose state was cached but that are evaluated again."""
+        return self.matched - min(self.matched, self.resume)
+
+
+def plan_resume(
+    cached: CachedView, prompt: Sequence[int], cache_prompt: bool = True, from_store: bool = False
+) -> ResumePlan:
+    """The resume point r for `prompt` on `cached`: the largest position <= L reachable exactly.
+
+    Reachable: any n in [live_floor, len(T)] by truncating the live memory; any checkpoint
+    position. At least one prompt token is evaluated unless a checkpoint at len(prompt) holds the
+    logits to sample from. Ties go to the live memory (nothing to copy).
+    """
+    if not prompt:
+        raise ValueError("empty prompt")
+    n = len(prompt)
+    matched = common_prefix_len(cached.tokens, prompt)
+    every = tuple(sorted(cp.position for cp in cached.checkpoints))
+    if not cache_prompt:
+        return ResumePlan(matched, 0, ReuseSource.NONE, invalidate=every, reason="cache_prompt_disabled")
+    live_source = ReuseSource.PREFIX_STORE if from_store else ReuseSource.SLOT_LIVE
+    cp_source = ReuseSource.PREFIX_STORE if from_store else ReuseSource.CHECKPOINT
+
+    resume, source, restore, from_logits = 0, ReuseSource.NONE, None, False
+    live_max = min(matched, n - 1)
+    if cached.live_floor <= live_max and live_max > 0:
+        resume, source = live_max, live_source
+    for cp in cached.checkpoints:
+        usable = cp.position <= matched and (cp.position < n or cp.has_logits)
+        if usable and cp.position > resume:
+            resume, source, restore, from_logits = cp.position, cp_source, cp.position, cp.position == n
+    invalidate = tuple(p for p in every if p > resume)
+
+    reason: str | None = None
+    if resume == 0:
+        if not cached.tokens:
+            reason = "cold_slot"
+        elif matched == 0:
+            reason = "no_common_prefix"
+        elif n == 1:
+            reason = "single_token_prompt"
+        else:
+            reason = "no_checkpoint"
+    elif resume < matched:
+        live_blocked = cached.live_floor > live_max
+        reason = "no_checkpoint_at_divergence" if live_blocked and matched < n else "no_stored_logits"
+    return ResumePlan(matched, resume, source, restore, from_logits, invalidate, reason)
+
+
+# --- which slot and which store entry ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlotCandidate:
+    index: int
+    view: CachedView
+    last_used: int  # larger = used more recently
+
+
+@dataclass(frozen=True)
+class StoreCandidate:
+    key: int
+    view: CachedView
+
+
+@dataclass(frozen=True)
+class Admission:
+    queue_pos: int
+    slot: int
+    plan: ResumePlan
+    store_key: int | None = None  # restore this prefix-store entry into the slot first
+
+
+def _slot_order(c: SlotCandidate) -> tuple[int, int, int]:
+    """Which slot to overwrite when nothing in it is reused: an empty one, then the least recently used."""
+    return (1 if not c.view.tokens else 0, -c.last_used, -c.index)
+
+
+def _choose(
+    free: Sequence[SlotCandidate], store: Sequence[StoreCandidate], prompt: Sequence[int], cache_prompt: bool
+) -> Admission:
+    best_slot, best_plan = None, None
+    for c in free:
+        plan = plan_resume(c.view, prompt, cache_prompt)
+        key = (plan.resume, plan.matched, *_slot_order(c))
+        if best_slot is None or key > best_slot[0]:
+            best_slot, best_plan = (key, c), plan
+    assert best_slot is not None and best_plan is not None
+    if best_plan.resume == 0:  # nothing of a slot is reused: don't destroy a useful one
+        target = max(free, key=_slot_order)
+        best_slot, best_plan = ((0,), target), plan_resume(target.view, prompt, cache_prompt)
+    if cache_prompt:
+        best_entry: tuple[int, StoreCandidate, ResumePlan] | None = None
+        for entry in store:
+            plan = plan_resume(entry.view, prompt, True, from_store=True)
+            if best_entry is None or plan.resume > best_entry[0]:
+                best_entry = (plan.resume, entry, plan)
+        if best_entry is not None and best_entry[0] > best_plan.resume:
+            target = max(free, key=_slot_order)
+            return Admission(-1, target.index, best_entry[2], best_entry[1].key)
+    return Admission(-1, best_slot[1].index, best_plan)
+
+
+def plan_admissions(
+    queued: Sequence[tuple[Sequence[int], bool]],
+    free: Sequence[SlotCandidate],
+    store: Sequence[StoreCandidate] = (),
+) -> list[Admission]:
+    """Admit queued (prompt, cache_prompt) pairs in FIFO order while free slots remain.
+
+    Each prompt gets the free slot where it resumes furthest, or a prefix-store entry restored
+    into the emptiest / least recently used free slot when that resumes further still. A slot or
+    entry given to one prompt is not offered to the next.
+    """
+    remaining, entries = list(free), list(store)
+    out: list[Admission] = []
+    for pos, (prompt, cache_prompt) in enumerate(queued):
+        if not remaining:
+            break
+        a = _choose(remaining, entries, prompt, cache_prompt)
+        out.append(Admission(pos, a.slot, a.plan, a.store_key))
+        remaining = [c for c in remaining if c.index != a.slot]
+        entries = [e for e in entries if e.key != a.store_key]
+    return out
+
+
+# --- where checkpoints are taken -----------------------------------------------------------------
+
+
+def checkpoint_schedule(
+    resume: int,
+    prompt_len: int,
+    kind: MemoryKind,
+    message_boundaries: Iterable[int] = (),
+    client_offsets: Iterable[int] = (),
+    interval: int = 0,
+) -> list[tuple[int, CheckpointKind]]:
+    """Positions in (resume, prompt_len] where a checkpoint is taken, ascending, one kind each.
+
+    The prompt end is always one (with its logits, so an identical resend evaluates nothing).
+    Attention-only memory needs nothing else: truncation reaches every other position.
+    """
+    if resume >= prompt_len:
+        return []
+    chosen: dict[int, CheckpointKind] = {}
+
+    def add(pos: int, k: CheckpointKind) -> None:
+        if resume < pos <= prompt_len and (pos not in chosen or _KIND_RANK[k] > _KIND_RANK[chosen[pos]]):
+            chosen[pos] = k
+
+    add(prompt_len, CheckpointKind.PROMPT_END)
+    if kind.needs_checkpoints:
+        for p in message_boundaries:
+            add(p, CheckpointKind.MESSAGE_START)
+        for p in client_offsets:
+            add(p, CheckpointKind.CLIENT_REQUESTED)
+        if interval > 0:
+            for p in range(interval * (resume // interval + 1), prompt_len, interval):
+                add(p, CheckpointKind.INTERVAL)
+    return sorted(chosen.items())
+
+
+# --- keeping checkpoints within a byte budget ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvictionCandidate:
+    owner: int  # slot index
+    position: int
+    kind: CheckpointKind
+    nbytes: int
+    turn: int  # admission number of the task that created it (larger = newer)
+
+
+def choose_evictions(items: Sequence[EvictionCandidate], budget: int) -> list[EvictionCandidate]:
+    """The checkpoints to drop so that the rest fit in `budget` bytes.
+
+    Older turns go first, so the boundaries of the newest turns stay; within a turn interval
+    checkpoints go before message boundaries, client-requested ones and the prompt end, and
+    earlier positions before later ones (a later checkpoint saves more work).
+    """
+    total = sum(i.nbytes for i in items)
+    out: list[EvictionCandidate] = []
+    for item in sorted(items, key=lambda i: (i.turn, _KIND_RANK[i.kind], i.position)):
+        if total <= budget:
+            break
+        out.append(item)
+        total -= item.nbytes
+    return out
+
+
+def subsumes(new: CachedView, old: CachedView) -> bool:
+    """Whether `new` reaches every state `old` offers: old's tokens are a prefix of new's, and each
+    position old can resume at exactly (its live range, its checkpoints) is reachable in new too,
+    with logits wherever old has them."""
+    n_old = len(old.tokens)
+    if n_old > len(new.tokens) or common_prefix_len(new.tokens, old.tokens) < n_old:
+        return False
+    new_cps = {cp.position: cp.has_logits for cp in new.checkpoints}
+
+    def reachable(pos: int, with_logits: bool) -> bool:
+        if with_logits:
+            return new_cps.get(pos, False)
+        return new.live_floor <= pos or pos in new_cps
+
+    if old.live_floor < n_old and new.live_floor > old.live_floor:
+        return False
+    if not reachable(n_old, False) and n_old > 0:
+        return False
+    return all(reachable(cp.position, cp.has_logits) for cp in old.checkpoints)

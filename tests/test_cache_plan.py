@@ -1,0 +1,302 @@
+"""The prompt cache's decisions (engine/cache_plan.py) over tables of cases, without a model.
+
+Scenario numbers refer to ../shared/reference/llama-server-checkpoints.md section 9; where our
+rules differ from llama.cpp's on purpose the comment says how.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hyserve.engine.cache_plan import (
+    CachedView,
+    CheckpointKind,
+    CheckpointView,
+    EvictionCandidate,
+    MemoryKind,
+    SlotCandidate,
+    StoreCandidate,
+    checkpoint_schedule,
+    choose_evictions,
+    common_prefix_len,
+    plan_admissions,
+    plan_resume,
+    subsumes,
+)
+from hyserve.engine.task import ReuseSource
+
+CP = CheckpointView
+NONE, LIVE, CHECKPOINT, STORE = (
+    ReuseSource.NONE,
+    ReuseSource.SLOT_LIVE,
+    ReuseSource.CHECKPOINT,
+    ReuseSource.PREFIX_STORE,
+)
+
+
+def seq(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def attention(tokens: list[int], *cps: CheckpointView) -> CachedView:
+    return CachedView(tokens, 0, cps)
+
+
+def recurrent(tokens: list[int], *cps: CheckpointView) -> CachedView:
+    return CachedView(tokens, len(tokens), cps)
+
+
+P100 = seq(100)
+GEN = seq(20, 1000)  # generated tokens of the previous task (the last one never evaluated)
+T_AFTER = P100 + GEN[:-1]
+
+
+@pytest.mark.parametrize(
+    ("case", "cached", "prompt", "expect"),
+    [
+        # (resume, source, restore, from_logits, invalidate, reason)
+        ("cold slot (1)", recurrent([]), P100, (0, NONE, None, False, (), "cold_slot")),
+        ("no common prefix", attention(seq(5, 500)), P100, (0, NONE, None, False, (), "no_common_prefix")),
+        (
+            "pure extension after generation (3): live state as is, nothing restored or dropped",
+            recurrent(T_AFTER, CP(96), CP(100, True)),
+            [*T_AFTER, GEN[-1], *seq(50, 2000)],
+            (len(T_AFTER), LIVE, None, False, (), None),
+        ),
+        (
+            "identical resend (4): the prompt end's logits, zero tokens [llama.cpp: N-4, 4 tokens]",
+            recurrent(T_AFTER, CP(96), CP(100, True)),
+            P100,
+            (100, CHECKPOINT, 100, True, (), None),
+        ),
+        (
+            "identical resend without stored logits: newest checkpoint below N",
+            recurrent(T_AFTER, CP(60), CP(96), CP(100)),
+            P100,
+            (96, CHECKPOINT, 96, False, (100,), "no_stored_logits"),
+        ),
+        (
+            "reasoning stripped (6): the next prompt diverges inside the generation prompt",
+            recurrent(T_AFTER, CP(95), CP(97), CP(98), CP(99), CP(100, True)),
+            [*P100[:98], 777, *seq(30, 3000)],
+            (98, CHECKPOINT, 98, False, (99, 100), None),
+        ),
+        (
+            "edit of the last user message (7): its start",
+            recurrent(T_AFTER, CP(40), CP(80), CP(100, True)),
+            [*P100[:85], *seq(20, 4000)],
+            (80, CHECKPOINT, 80, False, (100,), "no_checkpoint_at_divergence"),
+        ),
+        (
+            "edit of an early message (8): newest checkpoint <= L",
+            recurrent(T_AFTER, CP(10), CP(40), CP(80), CP(100, True)),
+            [*P100[:45], *seq(20, 4000)],
+            (40, CHECKPOINT, 40, False, (80, 100), "no_checkpoint_at_divergence"),
+        ),
+        (
+            "divergence before every checkpoint (9): full re-processing, all dropped",
+            recurrent(T_AFTER, CP(40), CP(100, True)),
+            [*P100[:9], *seq(20, 4000)],
+            (0, NONE, None, False, (40, 100), "no_checkpoint"),
+        ),
+        (
+            "stale checkpoint must lose (10): never continue from a state past L",
+            recurrent(T_AFTER, CP(60), CP(100, True)),
+            [*P100[:50], *seq(20, 4000)],
+            (0, NONE, None, False, (60, 100), "no_checkpoint"),
+        ),
+        (
+            "selection boundary (12): a checkpoint exactly at L with new tokens is taken",
+            recurrent(T_AFTER, CP(50)),
+            [*P100[:50], *seq(5, 4000)],
+            (50, CHECKPOINT, 50, False, (), None),
+        ),
+        (
+            "selection boundary (12): a checkpoint at L+1 is not",
+            recurrent(T_AFTER, CP(30), CP(51)),
+            [*P100[:50], *seq(5, 4000)],
+            (30, CHECKPOINT, 30, False, (51,), "no_checkpoint_at_divergence"),
+        ),
+        (
+            "invalidation keeps valid checkpoints (13): LCP 2500 restores 2000, drops 3000 only",
+            recurrent(seq(3500), CP(1000), CP(2000), CP(3000)),
+            [*seq(2500), *seq(10, 9000)],
+            (2000, CHECKPOINT, 2000, False, (3000,), "no_checkpoint_at_divergence"),
+        ),
+        (
+            "full-attention model (17): any divergence is a trim, identical resend one token",
+            attention(T_AFTER),
+            [*P100[:70], *seq(5, 4000)],
+            (70, LIVE, None, False, (), None),
+        ),
+        (
+            "full attention identical resend, no logits",
+            attention(T_AFTER),
+            P100,
+            (99, LIVE, None, False, (), "no_stored_logits"),
+        ),
+        (
+            "full attention identical resend with the prompt end's logits: zero tokens",
+            attention(T_AFTER, CP(100, True)),
+            P100,
+            (100, CHECKPOINT, 100, True, (), None),
+        ),
+        (
+            "ring-buffer window cache: truncation reaches only recent positions (15)",
+            CachedView(seq(200), 150, (CP(64), CP(128))),
+            [*seq(170), *seq(5, 4000)],
+            (170, LIVE, None, False, (), None),
+        ),
+        (
+            "ring-buffer window cache: deep divergence restores a window checkpoint (15/16)",
+            CachedView(seq(200), 150, (CP(64), CP(128))),
+            [*seq(140), *seq(5, 4000)],
+            (128, CHECKPOINT, 128, False, (), "no_checkpoint_at_divergence"),
+        ),
+        ("single-token prompt", attention([5, 6]), [5], (0, NONE, None, False, (), "single_token_prompt")),
+    ],
+)
+def test_plan_resume(case: str, cached: CachedView, prompt: list[int], expect: tuple) -> None:
+    plan = plan_resume(cached, prompt)
+    got = (plan.resume, plan.source, plan.restore, plan.from_logits, plan.invalidate, plan.reason)
+    assert got == expect, case
+    assert plan.matched == common_prefix_len(cached.tokens, prompt)
+    assert plan.reprocessed == plan.matched - min(plan.matched, plan.resume)
+    # a state is never continued past the divergence, and one token is evaluated unless logits are stored
+    assert plan.resume <= plan.matched
+    assert plan.resume < len(prompt) or plan.from_logits
+
+
+def test_plan_resume_cache_prompt_disabled_drops_everything() -> None:
+    plan = plan_resume(recurrent(T_AFTER, CP(50), CP(100, True)), P100, cache_prompt=False)
+    assert (plan.resume, plan.source, plan.invalidate, plan.reason) == (0, NONE, (50, 100), "cache_prompt_disabled")
+
+
+def test_plan_resume_from_a_store_entry_names_the_store() -> None:
+    assert plan_resume(attention(T_AFTER), [*T_AFTER, 5], from_store=True).source is STORE
+    plan = plan_resume(recurrent(T_AFTER, CP(100, True)), P100, from_store=True)
+    assert (plan.source, plan.restore, plan.from_logits) == (STORE, 100, True)
+
+
+def test_plan_resume_rejects_an_empty_prompt() -> None:
+    with pytest.raises(ValueError):
+        plan_resume(attention([1]), [])
+
+
+# --- admissions ----------------------------------------------------------------------------------
+
+
+def slot(index: int, view: CachedView, last_used: int = 0) -> SlotCandidate:
+    return SlotCandidate(index, view, last_used)
+
+
+def test_admission_prefers_the_slot_that_resumes_furthest() -> None:
+    a = seq(50)
+    free = [slot(0, attention(a[:10]), 9), slot(1, attention(a), 1), slot(2, attention([]), 0)]
+    [adm] = plan_admissions([([*a[:40], 7], True)], free)
+    assert (adm.slot, adm.plan.resume, adm.store_key) == (1, 40, None)
+
+
+def test_admission_of_a_hybrid_prompt_does_not_destroy_a_slot_it_cannot_resume_on() -> None:
+    # slot 0 matches 30 tokens but holds no checkpoint there: resuming means starting over, so the
+    # empty slot is used and slot 0's conversation stays (scenario 21: two slots)
+    free = [slot(0, recurrent(seq(60)), 5), slot(1, recurrent([]), 9)]
+    [adm] = plan_admissions([([*seq(30), 99], True)], free)
+    assert (adm.slot, adm.plan.resume) == (1, 0)
+    # without an empty slot: the least recently used one
+    free = [slot(0, recurrent(seq(60)), 5), slot(1, recurrent(seq(5, 700)), 9)]
+    assert plan_admissions([([*seq(30), 99], True)], free)[0].slot == 0
+
+
+def test_admission_takes_a_prefix_store_entry_when_it_resumes_further() -> None:
+    # scenario 19: conversation A went to the store; A + a new turn comes back
+    conv_a, conv_b = seq(80), seq(60, 500)
+    free = [slot(0, recurrent(conv_b, CP(60, True)), 3)]
+    store = [StoreCandidate(7, recurrent(conv_a, CP(80, True))), StoreCandidate(8, recurrent(seq(10, 900)))]
+    [adm] = plan_admissions([([*conv_a, *seq(12, 3000)], True)], free, store)
+    assert (adm.slot, adm.store_key, adm.plan.resume, adm.plan.source) == (0, 7, 80, STORE)
+
+
+def test_admission_prefers_the_slot_on_a_tie_and_ignores_the_store_without_cache_prompt() -> None:
+    conv = seq(40)
+    free = [slot(0, attention(conv), 1)]
+    store = [StoreCandidate(1, attention(conv))]
+    assert plan_admissions([([*conv, 1], True)], free, store)[0].store_key is None
+    [adm] = plan_admissions([([*conv, 1], False)], free, [StoreCandidate(1, attention([*conv, 1, 2]))])
+    assert (adm.store_key, adm.plan.resume, adm.plan.reason) == (None, 0, "cache_prompt_disabled")
+
+
+def test_admissions_are_fifo_and_never_share_a_slot_or_an_entry() -> None:
+    conv = seq(40)
+    free = [slot(0, attention([]), 0), slot(1, attention([]), 0)]
+    store = [StoreCandidate(3, attention(conv))]
+    plan = plan_admissions([([*conv, 1], True), ([*conv, 2], True), ([5], True)], free, store)
+    assert [(a.queue_pos, a.store_key) for a in plan] == [(0, 3), (1, None)]
+    assert len({a.slot for a in plan}) == 2
+    assert plan_admissions([([1], True)], []) == []
+
+
+# --- checkpoint schedule -------------------------------------------------------------------------
+
+
+def test_schedule_attention_only_keeps_just_the_prompt_end() -> None:
+    got = checkpoint_schedule(0, 300, MemoryKind.ATTENTION, [10, 50], [20], interval=64)
+    assert got == [(300, CheckpointKind.PROMPT_END)]
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.HYBRID, MemoryKind.RECURRENT, MemoryKind.SLIDING_WINDOW])
+def test_schedule_recurrent_memory(kind: MemoryKind) -> None:
+    got = checkpoint_schedule(30, 300, kind, [10, 50, 128, 299], [64, 50, 400], interval=128)
+    assert got == [
+        (50, CheckpointKind.CLIENT_REQUESTED),  # client beats message start on the same position
+        (64, CheckpointKind.CLIENT_REQUESTED),
+        (128, CheckpointKind.MESSAGE_START),  # message start beats interval
+        (256, CheckpointKind.INTERVAL),
+        (299, CheckpointKind.MESSAGE_START),
+        (300, CheckpointKind.PROMPT_END),
+    ]
+    assert checkpoint_schedule(300, 300, kind, [10], [], 128) == []
+    # cold long prompt (2): intervals at absolute multiples, so they line up across requests
+    assert [p for p, _ in checkpoint_schedule(0, 1000, kind, interval=256)] == [256, 512, 768, 1000]
+
+
+# --- eviction ------------------------------------------------------------------------------------
+
+
+def ev(position: int, kind: CheckpointKind, turn: int, nbytes: int = 10, owner: int = 0) -> EvictionCandidate:
+    return EvictionCandidate(owner, position, kind, nbytes, turn)
+
+
+def test_eviction_keeps_the_newest_turns_boundaries() -> None:
+    mk, end, iv = CheckpointKind.MESSAGE_START, CheckpointKind.PROMPT_END, CheckpointKind.INTERVAL
+    items = [ev(10, mk, 1), ev(20, end, 1), ev(30, mk, 2), ev(40, iv, 2), ev(45, end, 2), ev(60, mk, 3), ev(70, end, 3)]
+    assert choose_evictions(items, budget=70) == []
+    dropped = choose_evictions(items, budget=40)  # 3 of 7 go: turn 1 first, then turn 2's interval
+    assert [(d.turn, d.position) for d in dropped] == [(1, 10), (1, 20), (2, 40)]
+    assert len(choose_evictions(items, budget=0)) == len(items)
+
+
+def test_eviction_scenario_18_a_long_conversation_stays_within_budget() -> None:
+    mk, end = CheckpointKind.MESSAGE_START, CheckpointKind.PROMPT_END
+    items: list[EvictionCandidate] = []
+    for turn in range(1, 21):
+        items += [ev(turn * 100, mk, turn), ev(turn * 100 + 50, end, turn)]
+        items = [i for i in items if i not in choose_evictions(items, budget=40)]
+        assert sum(i.nbytes for i in items) <= 40
+    assert [(i.turn, i.kind) for i in items] == [(19, mk), (19, end), (20, mk), (20, end)]
+
+
+# --- store subsumption ---------------------------------------------------------------------------
+
+
+def test_subsumes() -> None:
+    old, new = seq(40), seq(60)
+    assert subsumes(attention(new), attention(old))
+    assert not subsumes(attention(old), attention(new))
+    assert not subsumes(attention([*seq(39), 5, *seq(20)]), attention(old))
+    # recurrent: the old end must be reachable in the new entry, with logits where old had them
+    assert not subsumes(recurrent(new), recurrent(old))
+    assert subsumes(recurrent(new, CP(40)), recurrent(old))
+    assert not subsumes(recurrent(new, CP(40)), recurrent(old, CP(40, True)))
+    assert subsumes(recurrent(new, CP(20), CP(40, True)), recurrent(old, CP(20), CP(40, True)))
+    assert subsumes(recurrent(old), recurrent(old))
