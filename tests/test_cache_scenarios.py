@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from server_process import running_server
+from prometheus_client.parser import text_string_to_metric_families
+from server_process import free_port, running_server
 
 from hyserve.api.validation import prompt_tokens
 from hyserve.engine.cache_plan import common_prefix_len
@@ -51,6 +53,7 @@ class Served:
     kind: str
     target: str
     model: LoadedModel
+    metrics_url: str
     evaluated: list[list[int]] = field(default_factory=list)  # sequences whose state the server computed
     prompts: list[list[int]] = field(default_factory=list)  # prompts whose last logits it has seen
 
@@ -118,10 +121,12 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     else:
         model_arg = str(make_models.write_model(tmp / f"{kind}.gguf", kind, qtype="q8_0"))
     args = ["--model", model_arg, "--chat-template", str(template), "--parallel", "1", "--ctx-size", "2048"]
+    metrics_port = free_port()
     args += ["--threads", "2", "--prompt-chunk", "32", "--checkpoint-interval", "64"]
+    args += ["--metrics-port", str(metrics_port)]
     model = load_model(model_arg, template)
     with running_server(tmp / "server.log", *args) as target:
-        yield Served(kind, target, model)
+        yield Served(kind, target, model, f"http://127.0.0.1:{metrics_port}/metrics")
 
 
 def stats(target: str) -> Any:
@@ -284,3 +289,27 @@ def test_cache_stats_report_checkpoints_and_the_store(served: Served) -> None:
     # a cancelled prompt leaves tokens neither reused nor processed, so only an inequality holds
     assert c.prompt_tokens_received >= c.prompt_tokens_reused + c.prompt_tokens_processed
     assert s.prefix_store.entries > 0 and 0 < s.prefix_store.bytes <= s.prefix_store.budget_bytes
+
+
+def test_prometheus_endpoint_reports_the_cache_stats_numbers(served: Served) -> None:
+    served.ask(chat(1, system="Metrics persona."))
+    s = stats(served.target)
+    with urllib.request.urlopen(served.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    c = s.counters
+    assert samples[("hyserve_prompt_tokens_received_total", ())] == c.prompt_tokens_received
+    assert samples[("hyserve_prompt_tokens_reused_total", ())] == c.prompt_tokens_reused
+    assert samples[("hyserve_prompt_tokens_processed_total", ())] == c.prompt_tokens_processed
+    assert samples[("hyserve_cache_restores_total", ())] == c.restores
+    assert samples[("hyserve_checkpoints_created_total", ())] == c.checkpoints_created
+    assert samples[("hyserve_prefix_store_hits_total", ())] == c.prefix_store_hits
+    assert samples[("hyserve_prefix_store_entries", ())] == s.prefix_store.entries
+    for reason, n in c.full_reprocess_by_reason.items():
+        assert samples[("hyserve_full_reprocess_total", (("reason", reason),))] == n
+    assert samples[("hyserve_slot_cached_tokens", (("slot", "0"),))] == s.slots[0].cached_tokens
+    assert samples[("hyserve_num_requests_running", ())] == 0

@@ -473,7 +473,19 @@ class Engine:
             for task in tasks:
                 task.state = TaskState.RUNNING
         now = time.perf_counter()
-        admitted = [self._start(task, self.slots[a.slot], a, now) for task, a in zip(tasks, plan)]
+        # hold the planned store entries first: stashing a slot for one admission may evict them
+        entries = {a.store_key: self.store.get(a.store_key) for a in plan if a.store_key is not None}
+        admitted: list[_Run] = []
+        for task, a in zip(tasks, plan):
+            try:
+                entry = entries.get(a.store_key) if a.store_key is not None else None
+                admitted.append(self._start(task, self.slots[a.slot], a, entry, now))
+            except Exception as exc:  # a bug preparing this slot: fail this task alone, reset the slot
+                task.log.exception("admission_failed", slot=a.slot)
+                self._reset_slot(self.slots[a.slot])
+                with self._lock:
+                    self._record_end_locked(task)
+                task.end(FailedEvent(f"internal engine error while preparing the slot: {exc}"))
         for run in admitted:
             run.task.log.info(
                 "task_admitted",
@@ -489,13 +501,16 @@ class Engine:
             )
         return admitted
 
-    def _start(self, task: Task, slot: Slot, admission: Admission, now: float) -> _Run:
-        """Prepare the slot's memory for the task's resume point and create its run."""
+    def _start(
+        self, task: Task, slot: Slot, admission: Admission, entry: StoredSequence | None, now: float
+    ) -> _Run:
+        """Prepare the slot's memory for the task's resume point (from `entry`, the planned store
+        entry, if any) and create its run."""
         plan = admission.plan
-        if admission.store_key is not None:
+        if entry is not None:
             if common_prefix_len(slot.tokens, task.prompt) < slot.last_prompt_len:
                 self._stash(slot)
-            first_logits = self._load_from_store(slot, admission.store_key, plan)
+            first_logits = self._load_from_store(slot, entry, plan)
         else:
             if self.store.enabled and task.cache_prompt:
                 # the slot loses more than its last generation: keep that state for later
@@ -556,13 +571,12 @@ class Engine:
         self._count(restores=1)
         return cp.logits if plan.from_logits else None
 
-    def _load_from_store(self, slot: Slot, key: int, plan: ResumePlan) -> np.ndarray | None:
-        entry = self.store.get(key)
+    def _load_from_store(self, slot: Slot, entry: StoredSequence, plan: ResumePlan) -> np.ndarray | None:
         cp = entry.checkpoints.get(plan.restore) if plan.restore is not None else None
         dropped = slot.checkpoints.clear()
         slot.load(entry, plan.resume, cp)
         if plan.resume == len(entry.tokens):  # the slot now holds all of it
-            self.store.remove(key)
+            self.store.discard(entry.key)
         self._count(checkpoints_invalidated=len(dropped), restores=1, prefix_store_hits=1)
         return cp.logits if cp is not None and plan.from_logits else None
 
@@ -758,10 +772,14 @@ class Engine:
             if slot.run is not None:
                 self._fail(slot.run, message)
             if not slot.consistent():
-                log.warning("slot_reset", slot=slot.index, tokens=len(slot.tokens), memory=slot.memory.n_tokens)
-                slot.memory.truncate(0)
-                slot.tokens.clear()
-                self._count(checkpoints_invalidated=len(slot.checkpoints.clear()))
+                self._reset_slot(slot)
+
+    def _reset_slot(self, slot: Slot) -> None:
+        """Forget everything a slot holds (when its bookkeeping may have lost track of its memory)."""
+        log.warning("slot_reset", slot=slot.index, tokens=len(slot.tokens), memory=slot.memory.n_tokens)
+        slot.memory.truncate(0)
+        slot.tokens.clear()
+        self._count(checkpoints_invalidated=len(slot.checkpoints.clear()))
 
     # --- bookkeeping -----------------------------------------------------------------------------
 

@@ -75,10 +75,10 @@ class PrefixStore:
         self._entries.move_to_end(key)
         return entry
 
-    def remove(self, key: int) -> StoredSequence:
-        entry = self._entries[key]
-        self._drop(key)
-        return entry
+    def discard(self, key: int) -> None:
+        """Remove the entry if it is still stored."""
+        if key in self._entries:
+            self._drop(key)
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)

@@ -1,0 +1,299 @@
+"""Cache transparency (I4) as a property: random request sequences never see the cache.
+
+Hypothesis draws sequences of Generate requests - new prompts, extensions of earlier requests
+(with their generated tokens), edits at random positions, identical resends, interleaved
+conversations, random message boundaries and client checkpoint offsets, and cancels at random
+moments of queued and running tasks - and runs them on a real engine (tiny `qwen35`: recurrent
+and attention layers, real kernels) with small checkpoint and prefix-store budgets so eviction
+happens, on 1 and 2 slots. Every completed greedy request must return exactly the tokens and
+logprobs of the same request on a fresh engine that never reuses anything (`cache_prompt=False`).
+After each example the memory invariants are checked directly: each slot's memory, and every
+checkpoint of the slots and of the store, equals a fresh evaluation of the tokens it claims (I1,
+I2, I3).
+
+The engines live for the whole module, like a long-running server: examples build on the state
+earlier examples left behind.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hyserve.engine.cancel import CancelSource
+from hyserve.engine.engine import Engine, EngineConfig
+from hyserve.engine.generator import StopRule
+from hyserve.engine.sampling import SamplingParams
+from hyserve.engine.task import DeltaEvent, Event, FailedEvent, FinishedEvent, FinishReason, Task
+from hyserve.model.architectures.base import Logits, Segment
+from hyserve.model.loader import LoadedModel, load_model
+from hyserve.model.memory import SequenceMemory, Snapshot
+
+make_models = pytest.importorskip("fixtures.make_models")
+
+VOCAB_LO, VOCAB_HI = 10, 400  # plain tokens of the fixture vocabulary
+EXAMPLES = 200  # per hybrid engine (1 and 2 slots), half that for attention-only: 500 per run
+
+
+@dataclass
+class Outcome:
+    reason: FinishReason
+    tokens: list[int]
+    logprobs: list[tuple[float, tuple[tuple[int, float], ...]]]
+
+
+class Pending:
+    """A submitted task's events, read on the test thread (cancels come from here, not the sink)."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[Event] = queue.Queue()
+
+    def wait(self, cancel_after: int | None = None, engine: Engine | None = None, task: Task | None = None) -> Outcome:
+        seen = 0
+        tokens: list[int] = []
+        logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+        while True:
+            if cancel_after is not None and seen == cancel_after and engine and task:
+                engine.cancel_task(task, CancelSource.RPC)
+            event = self.events.get(timeout=120)
+            seen += 1
+            if isinstance(event, DeltaEvent):
+                tokens += event.token_ids
+                logprobs += [(lp.logprob, lp.top) for lp in event.logprobs]
+            elif isinstance(event, FinishedEvent):
+                return Outcome(event.reason, tokens, logprobs)
+            elif isinstance(event, FailedEvent):
+                raise AssertionError(f"task failed: {event.message}")
+
+
+def submit(engine: Engine, prompt: Sequence[int], n: int, cache: bool = True, **extra: object) -> tuple[Task, Pending]:
+    pending = Pending()
+    task = Task(
+        id=f"t{next(_ids)}",
+        prompt=tuple(prompt),
+        params=SamplingParams(),
+        stop=StopRule(max_tokens=n, ignore_eos=True),
+        sink=pending.events.put,
+        logprobs=True,
+        top_logprobs=2,
+        cache_prompt=cache,
+        **extra,  # type: ignore[arg-type]
+    )
+    engine.submit(task)
+    return task, pending
+
+
+_ids = iter(range(10**9))
+
+
+@dataclass
+class Rig:
+    model: LoadedModel
+    engine: Engine
+    reference: Engine
+    history: list[list[int]]  # this example's prompts (+ answers): material for extensions and edits
+    cache: dict[tuple[tuple[int, ...], int], Outcome]
+
+    def expected(self, prompt: list[int], n: int) -> Outcome:
+        key = (tuple(prompt), n)
+        if key not in self.cache:
+            _, pending = submit(self.reference, prompt, n, cache=False)
+            self.cache[key] = pending.wait()
+        return self.cache[key]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_models.write_model(tmp_path_factory.mktemp("transparency") / "qwen35.gguf", "qwen35", qtype="q8_0")
+
+
+@pytest.fixture(scope="module")
+def attention_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_models.write_model(tmp_path_factory.mktemp("transparency") / "llama.gguf", "llama", qtype="q8_0")
+
+
+def _rig(path: Path, n_slots: int, checkpoints_kept: int = 3) -> Iterator[Rig]:
+    model = load_model(path)
+    # budgets in units of one checkpoint (attention-only memory: logits only) so eviction happens
+    snap_bytes = max(model.arch.new_memory(8).snapshot().nbytes, 4 * model.arch.n_vocab)
+    logits_bytes = 4 * model.arch.n_vocab
+    config = EngineConfig(
+        n_slots=n_slots,
+        n_ctx=512,
+        prompt_chunk=8,
+        checkpoint_interval=16,
+        checkpoint_memory=checkpoints_kept * (snap_bytes + logits_bytes),  # eviction happens
+        cache_memory=40 * snap_bytes,  # a few entries: store eviction happens
+    )
+    engine = Engine(model.arch, model.tokenizer, config)
+    reference = Engine(model.arch, model.tokenizer, EngineConfig(n_slots=1, n_ctx=512, prompt_chunk=8, cache_memory=0))
+    engine.start()
+    reference.start()
+    try:
+        yield Rig(model, engine, reference, [], {})
+    finally:
+        engine.shutdown()
+        reference.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rig1(model_path: Path) -> Iterator[Rig]:
+    yield from _rig(model_path, 1)
+
+
+@pytest.fixture(scope="module")
+def rig2(model_path: Path) -> Iterator[Rig]:
+    yield from _rig(model_path, 2)
+
+
+@pytest.fixture(scope="module")
+def attention_rig(attention_model_path: Path) -> Iterator[Rig]:
+    yield from _rig(attention_model_path, 2, checkpoints_kept=1)
+
+
+# --- request generation --------------------------------------------------------------------------
+
+tokens_st = st.lists(st.integers(VOCAB_LO, VOCAB_HI), min_size=1, max_size=40)
+
+
+@st.composite
+def request_st(draw: st.DrawFn, history: list[list[int]]) -> tuple[list[int], dict[str, object]]:
+    kind = draw(st.sampled_from(["new", "extend", "edit", "resend", "prefix"] if history else ["new"]))
+    if kind == "new":
+        prompt = draw(tokens_st)
+    else:
+        base = draw(st.sampled_from(history[-12:]))  # recent conversations, interleaved
+        if kind == "extend":
+            prompt = base + draw(tokens_st)
+        elif kind == "edit":
+            at = draw(st.integers(0, len(base) - 1))
+            prompt = [*base[:at], draw(st.integers(VOCAB_LO, VOCAB_HI)), *base[at + 1 :], *draw(tokens_st)[:8]]
+        elif kind == "resend":
+            prompt = list(base)
+        else:
+            prompt = base[: draw(st.integers(1, len(base)))]
+    prompt = prompt[-300:]
+    n = len(prompt)
+    extra: dict[str, object] = {}
+    if n > 1 and draw(st.booleans()):
+        extra["message_boundaries"] = tuple(sorted(set(draw(st.lists(st.integers(1, n - 1), max_size=4)))))
+    if n > 1 and draw(st.booleans()):
+        extra["checkpoint_offsets"] = tuple(sorted(set(draw(st.lists(st.integers(1, n), max_size=2)))))
+    return prompt, extra
+
+
+def run_example(rig: Rig, data: st.DataObject) -> None:
+    # what the draws depend on must be the same when hypothesis replays an example: a per-example
+    # history of deterministic material (prompts, and reference answers of uncancelled requests)
+    rig.history = []
+    settle(rig.engine)
+    for _ in range(data.draw(st.integers(2, 6), label="steps")):
+        batch = data.draw(st.integers(1, 3), label="batch")
+        submitted = []
+        for _ in range(batch):
+            prompt, extra = data.draw(request_st(rig.history), label="request")
+            n = data.draw(st.integers(1, 5), label="max_tokens")
+            # None: runs to the end; 0: cancelled at once (often still queued); k: after k events
+            cancel = data.draw(st.one_of(st.none(), st.integers(0, 4)), label="cancel_after")
+            task, pending = submit(rig.engine, prompt, n, **extra)
+            submitted.append((prompt, n, cancel, task, pending))
+        for prompt, n, cancel, task, pending in submitted:
+            got = pending.wait(cancel, rig.engine, task)
+            want = rig.expected(prompt, n)
+            rig.history.append(prompt + want.tokens if cancel is None else prompt)
+            if got.reason is FinishReason.CANCELLED:
+                continue
+            assert (got.tokens, got.logprobs) == (want.tokens, want.logprobs), "the cache changed an answer (I4)"
+    check_memory_invariants(rig)
+
+
+def settle(engine: Engine) -> None:
+    """Cancel what a failed earlier example left running, and wait until the engine is idle."""
+    for task in list(engine._live.values()):
+        engine.cancel_task(task, CancelSource.SHUTDOWN)
+    deadline = time.monotonic() + 60
+    while not engine.idle() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+# --- direct checks of I1-I3 ----------------------------------------------------------------------
+
+
+def fresh_state(rig: Rig, tokens: Sequence[int]) -> SequenceMemory:
+    memory = rig.model.arch.new_memory(512)
+    if tokens:
+        rig.model.arch.forward([Segment(memory, np.asarray(tokens, dtype=np.int32), Logits.NONE)])
+    return memory
+
+
+def same_states(a: Snapshot, b: Snapshot) -> bool:
+    return a.n_tokens == b.n_tokens and all(
+        np.array_equal(a.states[il][0], b.states[il][0]) and np.array_equal(a.states[il][1], b.states[il][1])
+        for il in a.states
+    )
+
+
+def check_memory_invariants(rig: Rig) -> None:
+    engine = rig.engine
+    assert engine.idle(), f"every task has ended: {engine._live}"
+    for slot in engine.slots:
+        assert slot.run is None and len(slot.tokens) == slot.memory.n_tokens  # I1 bookkeeping
+        fresh = fresh_state(rig, slot.tokens)
+        assert same_states(slot.memory.snapshot(), fresh.snapshot()), "slot memory != fresh evaluation (I1)"
+        for il, cache in slot.memory.kv.items():
+            n = slot.memory.n_tokens
+            assert np.array_equal(cache.k[:n], fresh.kv[il].k[:n]) and np.array_equal(cache.v[:n], fresh.kv[il].v[:n])
+        for cp in slot.checkpoints:  # I2 + I3: a complete state of a prefix of T
+            assert cp.position <= len(slot.tokens)
+            assert same_states(cp.snapshot, fresh_state(rig, slot.tokens[: cp.position]).snapshot())
+    for entry in list(engine.store._entries.values()):
+        assert entry.image.n_tokens == len(entry.tokens)
+        assert same_states(entry.image.live, fresh_state(rig, entry.tokens).snapshot())
+        for cp in entry.checkpoints:
+            assert cp.position <= len(entry.tokens)
+            assert same_states(cp.snapshot, fresh_state(rig, entry.tokens[: cp.position]).snapshot())
+
+
+# --- the properties ------------------------------------------------------------------------------
+
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,  # the same examples on every CI run
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_cache_is_transparent_on_one_slot(rig1: Rig, data: st.DataObject) -> None:
+    run_example(rig1, data)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_cache_is_transparent_on_two_slots(rig2: Rig, data: st.DataObject) -> None:
+    run_example(rig2, data)
+
+
+@settings(SETTINGS, max_examples=EXAMPLES // 2)
+@given(data=st.data())
+def test_cache_is_transparent_on_attention_only_memory(attention_rig: Rig, data: st.DataObject) -> None:
+    run_example(attention_rig, data)
+
+
+def test_the_runs_exercised_the_cache(rig1: Rig, rig2: Rig, attention_rig: Rig) -> None:
+    """Guards against a vacuous property: the random runs did restore, evict and use the store."""
+    for rig in (rig1, rig2, attention_rig):
+        c = rig.engine.stats().counters
+        assert c.restores > 0 and c.checkpoints_evicted > 0 and c.checkpoints_invalidated > 0
+        assert c.prefix_store_hits > 0 and c.prompt_tokens_reused > 0
+        assert c.full_reprocess_by_reason and c.reprocessed_tokens_by_reason
