@@ -1,7 +1,10 @@
 """CPU runtime benchmark: hyserve vs llama.cpp (llama-cpp-python) on the same GGUF, same threads.
 
 Measures, in one run and one process: model load time, prompt processing tok/s on a 512-token
-prompt, and greedy generation tok/s over 128 tokens. Prints JSON with the ratios (ours / llama.cpp)
+prompt, and greedy generation tok/s over 128 tokens. Both engines are loaded first and their timed
+samples alternate (llama.cpp prompt, hyserve prompt, llama.cpp generation, hyserve generation, per
+repeat), so load from other work on a shared machine hits both sides alike. Prints JSON with the
+ratios (ours / llama.cpp, from the medians; `paired_ratios` has the median of per-repeat ratios)
 and writes JSON + a PNG bar chart.
 
     python bench/runtime_bench.py [--model default|PATH] [--threads 2] [--out bench/results]
@@ -26,10 +29,34 @@ PROMPT_SEED_TEXT = (
 )
 
 
-def best_of(repeats: int, fn: Callable[[], float]) -> tuple[float, list[float]]:
-    """Run fn (which returns seconds) `repeats` times; report the median and all samples."""
-    samples = [fn() for _ in range(repeats)]
-    return statistics.median(samples), samples
+class Side:
+    """One engine, loaded: its load time, timed prompt/generation callables and extra fields."""
+
+    def __init__(self, load_s: float, pp: Callable[[], float], tg: Callable[[], float], extra: dict) -> None:
+        self.load_s, self.pp, self.tg, self.extra = load_s, pp, tg, extra
+        self.pp_all: list[float] = []
+        self.tg_all: list[float] = []
+
+    def result(self, n_prompt: int, n_gen: int) -> dict:
+        return {
+            "load_s": self.load_s,
+            "prompt_tok_s": n_prompt / statistics.median(self.pp_all),
+            "gen_tok_s": n_gen / statistics.median(self.tg_all),
+            "prompt_samples_s": self.pp_all,
+            "gen_samples_s": self.tg_all,
+            **self.extra,
+        }
+
+
+def run_interleaved(sides: list[Side], repeats: int) -> None:
+    """Warm up each side (pages in the weights), then alternate the sides' timed samples."""
+    for side in sides:
+        side.pp()
+    for _ in range(repeats):
+        for side in sides:
+            side.pp_all.append(side.pp())
+        for side in sides:
+            side.tg_all.append(side.tg())
 
 
 def prompt_tokens(tokenize: Callable[[str], list[int]], n: int) -> list[int]:
@@ -39,7 +66,7 @@ def prompt_tokens(tokenize: Callable[[str], list[int]], n: int) -> list[int]:
     return tokenize(text)[:n]
 
 
-def bench_hyserve(model_arg: str, threads: int, n_prompt: int, n_gen: int, repeats: int) -> dict:
+def setup_hyserve(model_arg: str, threads: int, n_prompt: int, n_gen: int) -> Side:
     import hyserve_kernels as hk
 
     from hyserve.model.architectures.base import Logits, Segment
@@ -67,20 +94,10 @@ def bench_hyserve(model_arg: str, threads: int, n_prompt: int, n_gen: int, repea
             logits = arch.forward([Segment(mem, np.array([tok], np.int32), Logits.LAST)])[0]
         return time.perf_counter() - t
 
-    pp()  # warm-up: page in the weights
-    pp_s, pp_all = best_of(repeats, pp)
-    tg_s, tg_all = best_of(repeats, tg)
-    return {
-        "load_s": load_s,
-        "prompt_tok_s": n_prompt / pp_s,
-        "gen_tok_s": n_gen / tg_s,
-        "prompt_samples_s": pp_all,
-        "gen_samples_s": tg_all,
-        "simd": hk.simd_path(),
-    }
+    return Side(load_s, pp, tg, {"simd": hk.simd_path()})
 
 
-def bench_llama_cpp(path: str, threads: int, n_prompt: int, n_gen: int, repeats: int) -> dict:
+def setup_llama_cpp(path: str, threads: int, n_prompt: int, n_gen: int) -> Side:
     import llama_cpp
 
     start = time.perf_counter()
@@ -107,17 +124,7 @@ def bench_llama_cpp(path: str, threads: int, n_prompt: int, n_gen: int, repeats:
             llm.eval([int(np.argmax(last_logits()))])
         return time.perf_counter() - t
 
-    pp()
-    pp_s, pp_all = best_of(repeats, pp)
-    tg_s, tg_all = best_of(repeats, tg)
-    return {
-        "load_s": load_s,
-        "prompt_tok_s": n_prompt / pp_s,
-        "gen_tok_s": n_gen / tg_s,
-        "prompt_samples_s": pp_all,
-        "gen_samples_s": tg_all,
-        "version": llama_cpp.__version__,
-    }
+    return Side(load_s, pp, tg, {"version": llama_cpp.__version__})
 
 
 def draw(result: dict, png: Path) -> None:
@@ -155,8 +162,11 @@ def main() -> None:
     from hyserve.model.loader import resolve_model_path
 
     path = str(resolve_model_path(args.model))
-    llama = bench_llama_cpp(path, args.threads, args.n_prompt, args.n_gen, args.repeats)
-    ours = bench_hyserve(args.model, args.threads, args.n_prompt, args.n_gen, args.repeats)
+    llama_side = setup_llama_cpp(path, args.threads, args.n_prompt, args.n_gen)
+    ours_side = setup_hyserve(args.model, args.threads, args.n_prompt, args.n_gen)
+    run_interleaved([llama_side, ours_side], args.repeats)
+    llama = llama_side.result(args.n_prompt, args.n_gen)
+    ours = ours_side.result(args.n_prompt, args.n_gen)
     result = {
         "model": Path(path).name,
         "threads": args.threads,
@@ -170,6 +180,11 @@ def main() -> None:
             "prompt_tok_s": ours["prompt_tok_s"] / llama["prompt_tok_s"],
             "gen_tok_s": ours["gen_tok_s"] / llama["gen_tok_s"],
             "load_s": llama["load_s"] / ours["load_s"],
+        },
+        # median over repeats of (llama.cpp sample time / ours) for samples taken back to back
+        "paired_ratios": {
+            "prompt_tok_s": statistics.median(a / b for a, b in zip(llama_side.pp_all, ours_side.pp_all)),
+            "gen_tok_s": statistics.median(a / b for a, b in zip(llama_side.tg_all, ours_side.tg_all)),
         },
     }
     args.out.mkdir(parents=True, exist_ok=True)

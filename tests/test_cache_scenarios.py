@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import free_port, running_server
@@ -31,12 +32,12 @@ from hyserve.engine.cache_plan import common_prefix_len
 from hyserve.engine.generator import StopRule, generate
 from hyserve.engine.sampling import SamplingParams
 from hyserve.model.loader import LoadedModel, load_model
-from hyserve_client import Accepted, Delta, Finished, FinishReason, HyserveClient, build_generate_request
+from hyserve_client import Accepted, Delta, Finished, FinishReason, HyserveClient, HyserveError, build_generate_request
 
 make_models = pytest.importorskip("fixtures.make_models")
 
 GEN = 3  # completion tokens per request: short, the prompts are what matters here
-ACTIVE_GEN = 120  # scenario (g): the active task generates while another waits and is cancelled
+ACTIVE_GEN = 200  # scenario (g): the active task generates while another waits and is cancelled
 
 SYSTEM = "You are a careful assistant. Answer briefly and cite the tool output when you use it."
 USERS = [
@@ -173,6 +174,20 @@ def test_b_a_template_that_drops_reasoning_resumes_where_the_prompts_diverge(ser
     assert len(previous) - 8 < diverge < len(previous), "the divergence lies in the generation prompt"
     accepted, _, _ = served.ask(messages)
     assert accepted.reused_tokens == diverge
+    # a tool loop keeps the reasoning of its assistant turns (they follow the last user message);
+    # the next user message drops all of it: the prompts part at the loop's first "<think>"
+    loop = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": USERS[2]},
+        {"role": "assistant", "content": "<tool_call>ls</tool_call>", "reasoning_content": "List first."},
+        {"role": "tool", "content": "a.py b.py"},
+    ]
+    served.ask(loop)
+    after = [*loop, {"role": "assistant", "content": "Two files.", "reasoning_content": "Done."}]
+    after.append({"role": "user", "content": USERS[3]})
+    diverge = common_prefix_len(served.tokens(after), served.tokens(loop))
+    accepted, _, _ = served.ask(after)
+    assert accepted.reused_tokens == diverge < len(served.tokens(loop)) - 8
 
 
 def test_c_an_edited_last_user_message_resumes_at_that_message(served: Served) -> None:
@@ -252,8 +267,15 @@ def test_g_a_cancelled_queued_task_changes_nothing_for_the_active_one(served: Se
         queued_events: list[Any] = []
         reader = threading.Thread(target=lambda: queued_events.extend(queued))
         reader.start()
-        time.sleep(0.05)
-        client.cancel(f"queued-{served.kind}")
+        deadline = time.monotonic() + 30
+        while True:  # the Generate call may not have reached the server yet
+            try:
+                client.cancel(f"queued-{served.kind}")
+                break
+            except HyserveError as exc:
+                if exc.code is not grpc.StatusCode.NOT_FOUND or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.002)
         reader.join(60)
     worker.join(120)
     _, generated, finished = results["active"]

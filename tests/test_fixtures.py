@@ -19,12 +19,14 @@ from hyserve.model.tokenizer import Tokenizer
 
 KQUANT_SHAPE: dict[str, Any] = {"embd": 256, "ff": 512, "head_dim": 64}  # all matrix rows multiples of 256
 
+DENSE_ARCHES = ("llama", "qwen3", "qwen35", "mamba2")
 # (arch, qtype, extra write_model kwargs)
 CASES: list[tuple[str, str, dict[str, Any]]] = [
-    *[(arch, q, {}) for arch in ("llama", "qwen3", "qwen35", "mamba2") for q in ("f32", "q8_0")],
+    *[(arch, q, {}) for arch in (*DENSE_ARCHES, "qwen35moe", "qwen3next") for q in ("f32", "q8_0")],
     ("llama", "q4_k_m", KQUANT_SHAPE),
     ("qwen3", "q6_k", KQUANT_SHAPE),
     ("qwen35", "q4_k_m", {**KQUANT_SHAPE, "ssm_d_state": 64}),
+    ("qwen3next", "q4_k_m", {**KQUANT_SHAPE, "expert_ff": 256, "shared_ff": 256}),
 ]
 CASE_IDS = [f"{arch}-{q}" for arch, q, _ in CASES]
 
@@ -75,10 +77,16 @@ def expected_tensor_names(arch: str, layers: int = 4, interval: int = 4) -> set[
             per += ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
             if arch == "qwen3":
                 per += ["attn_q_norm", "attn_k_norm"]
-        elif arch == "qwen35":
-            per += ["post_attention_norm", "ffn_gate", "ffn_up", "ffn_down"]
+        elif arch in ("qwen35", "qwen35moe", "qwen3next"):
+            per.append("post_attention_norm")
+            if arch == "qwen35":
+                per += ["ffn_gate", "ffn_up", "ffn_down"]
+            else:
+                per += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+                per += ["ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]
             if (il + 1) % interval:
-                per += ["attn_qkv", "attn_gate", "ssm_conv1d", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out"]
+                per += ["attn_qkv", "attn_gate", "ssm_conv1d", "ssm_norm", "ssm_out"]
+                per += ["ssm_ba"] if arch == "qwen3next" else ["ssm_beta", "ssm_alpha"]
                 names |= {f"blk.{il}.ssm_a", f"blk.{il}.ssm_dt.bias"}
             else:
                 per += ["attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output"]
@@ -111,7 +119,7 @@ def test_llama_cpp_runs(cid: str, models: dict[str, Path], llama_cpp: Any) -> No
     assert len(set(logits.argmax(axis=1).tolist())) > 1
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen35", "mamba2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen35", "qwen35moe", "qwen3next", "mamba2"])
 def test_q8_0_close_to_f32(arch: str, models: dict[str, Path], llama_cpp: Any) -> None:
     tokens = [5, 77, 300, 12, 505, 8, 260, 1]
     out = []
@@ -152,7 +160,8 @@ def test_gguf_reader(cid: str, models: dict[str, Path]) -> None:
     assert f.metadata["tokenizer.ggml.pre"] == "qwen2"
     assert f.metadata["tokenizer.chat_template"] == CHAT_TEMPLATE
     types = {t.ggml_type.name for t in f.tensors.values()}
-    matrix = f.tensor("blk.0.ssm_in.weight" if arch == "mamba2" else "blk.0.ffn_up.weight")
+    matrix_name = {"mamba2": "ssm_in", "qwen35moe": "ffn_up_shexp", "qwen3next": "ffn_up_shexp"}.get(arch, "ffn_up")
+    matrix = f.tensor(f"blk.0.{matrix_name}.weight")
     emb = f.tensor("token_embd.weight")
     assert emb.shape == (kw.get("embd", 64), 512)
     if qtype == "f32":
@@ -163,12 +172,16 @@ def test_gguf_reader(cid: str, models: dict[str, Path]) -> None:
     else:
         assert {"Q4_K", "Q6_K"} & types
         assert matrix.ggml_type.name == qtype.upper()[:4]
-    if arch == "qwen35":
-        assert f.metadata["qwen35.full_attention_interval"] == 4
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
+        assert f.metadata[f"{arch}.full_attention_interval"] == 4
         assert f.tensor("blk.3.attn_q.weight").shape == (
-            f.metadata["qwen35.embedding_length"],
+            f.metadata[f"{arch}.embedding_length"],
             2 * 4 * kw.get("head_dim", 16),
         )
+    if arch in ("qwen35moe", "qwen3next"):
+        assert f.metadata[f"{arch}.expert_count"] == 8 and f.metadata[f"{arch}.expert_used_count"] == 2
+        assert f.tensor("blk.0.ffn_down_exps.weight").shape == (kw.get("expert_ff", 32), kw.get("embd", 64), 8)
+        assert f.tensor("blk.0.ffn_gate_inp.weight").ggml_type.name == "F32"  # the router is never quantized
     # 1-D tensors and conv kernels stay F32 whatever the qtype
     for name, t in f.tensors.items():
         if len(t.shape) == 1 or "norm" in name or "ssm_conv1d" in name or name.endswith(("ssm_a", "ssm_d")):

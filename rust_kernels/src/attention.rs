@@ -29,7 +29,7 @@ pub struct AttentionShape {
 
 /// The 8-lane horizontal sum used by ggml/tinyBLAS on x86: ((x0+x4)+(x2+x6)) + ((x1+x5)+(x3+x7)).
 #[inline(always)]
-fn hsum8(x: &[f32; 8]) -> f32 {
+pub(crate) fn hsum8(x: &[f32; 8]) -> f32 {
     let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
     (t[0] + t[2]) + (t[1] + t[3])
 }

@@ -6,6 +6,8 @@
 pub mod attention;
 pub mod cancel;
 pub mod matmul;
+pub mod moe;
+mod moe_py;
 pub mod ops;
 pub mod quant;
 pub mod recurrent;
@@ -688,5 +690,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(conv1d_causal, m)?)?;
     m.add_function(wrap_pyfunction!(gated_delta_rule, m)?)?;
     m.add_function(wrap_pyfunction!(mamba2_scan, m)?)?;
+    // mixture of experts
+    m.add_class::<moe_py::MoeFfn>()?;
     Ok(())
 }

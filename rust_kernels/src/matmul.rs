@@ -3,7 +3,7 @@
 //! into chunks across threads; a chunk stays in cache while every activation row passes over it.
 
 use crate::cancel::Flag;
-use crate::quant::{vec_dot, vec_dot_4rows, vec_dot_rows, Activations, GgmlType};
+use crate::quant::{has_tile, vec_dot, vec_dot_rows, vec_dot_tile, Activations, GgmlType};
 use rayon::prelude::*;
 
 /// A weight matrix: `rows` rows of `cols` elements in GGUF bytes (`cols` along the blocks).
@@ -24,6 +24,9 @@ impl Weight<'_> {
 
 /// Activation rows that share one pass over each weight block (see `vec_dot_rows`).
 const TILE: usize = 4;
+/// Weight rows that share each activation block where a fused tile exists (`vec_dot_tile`): a
+/// 4x4 tile for prompts, 4x1 for single rows (decode) and the rows left over after the 4x4 tiles.
+const WTILE: usize = 4;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -75,33 +78,57 @@ pub fn matmul_many(
         let acts = act_for(w.t);
         let out = ptrs[wi];
         let end = (start + chunk).min(w.rows);
+        let tiled = has_tile(w.t);
         // SAFETY (writes): (r, n) pairs are disjoint across tasks and within bounds (asserted above).
+        let put = |r: usize, n: usize, v: f32| unsafe { *out.0.add(r * w.rows + n) = v };
         let mut r = 0;
         while r + TILE <= m {
-            for n in start..end {
+            let mut n = start;
+            if tiled {
+                n = tiles::<WTILE, TILE>(w, acts, r, n, end, put);
+            }
+            for n in n..end {
                 let vs = vec_dot_rows::<TILE>(w.t, w.row(n), acts, r);
                 for (i, v) in vs.into_iter().enumerate() {
-                    unsafe { *out.0.add((r + i) * w.rows + n) = v };
+                    put(r + i, n, v);
                 }
             }
             r += TILE;
         }
         for r in r..m {
             let mut n = start;
-            while n + 4 <= end {
-                let Some(vs) = vec_dot_4rows(w.t, std::array::from_fn(|i| w.row(n + i)), acts, r)
-                else {
-                    break;
-                };
-                for (i, v) in vs.into_iter().enumerate() {
-                    unsafe { *out.0.add(r * w.rows + n + i) = v };
-                }
-                n += 4;
+            if tiled {
+                n = tiles::<WTILE, 1>(w, acts, r, n, end, put);
             }
             for n in n..end {
-                let v = vec_dot(w.t, w.row(n), acts, r);
-                unsafe { *out.0.add(r * w.rows + n) = v };
+                put(r, n, vec_dot(w.t, w.row(n), acts, r));
             }
         }
     });
+}
+
+/// Weight rows `n .. end` in groups of W against activation rows `r .. r+R` with the fused tile;
+/// returns the first weight row left over (fewer than W remain).
+#[inline]
+fn tiles<const W: usize, const R: usize>(
+    w: &Weight,
+    acts: &Activations,
+    r: usize,
+    mut n: usize,
+    end: usize,
+    put: impl Fn(usize, usize, f32),
+) -> usize {
+    while n + W <= end {
+        let Some(vs) = vec_dot_tile::<W, R>(w.t, std::array::from_fn(|i| w.row(n + i)), acts, r)
+        else {
+            break;
+        };
+        for (i, row) in vs.into_iter().enumerate() {
+            for (j, v) in row.into_iter().enumerate() {
+                put(r + j, n + i, v);
+            }
+        }
+        n += W;
+    }
+    n
 }

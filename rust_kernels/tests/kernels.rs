@@ -2,10 +2,16 @@
 //! activation quantizers keep llama.cpp's invariants, and matmul rows are batch-invariant.
 
 use _native::matmul::{matmul_many, Weight};
-use _native::quant::act::{quantize_q8_0, quantize_q8k};
-use _native::quant::{dequantize_row, vec_dot, vec_dot_scalar, Activations, GgmlType};
+use _native::quant::act::{quantize_q8_0, quantize_q8_0_scalar, quantize_q8k, quantize_q8k_scalar};
+use _native::quant::{
+    dequantize_row, has_tile, vec_dot, vec_dot_scalar, vec_dot_tile, Activations, GgmlType,
+};
 use _native::simd;
 use rand::{Rng, SeedableRng};
+use std::sync::Mutex;
+
+/// Tests that force the scalar path (process-wide) hold this; tests reading `use_avx2` take it too.
+static FORCE: Mutex<()> = Mutex::new(());
 
 const TYPES: [GgmlType; 11] = [
     GgmlType::F32,
@@ -74,6 +80,7 @@ fn cols_for(t: GgmlType) -> usize {
 
 #[test]
 fn simd_path_agrees_with_scalar_reference() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
     if !simd::use_avx2() {
         eprintln!("no AVX2 on this CPU: only the scalar path exists");
         return;
@@ -99,6 +106,7 @@ fn simd_path_agrees_with_scalar_reference() {
 
 #[test]
 fn q8_0_quantizer_rounds_half_to_even_and_stores_f16_scale() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
     let mut x = [0.0f32; 32];
     x[0] = 127.0; // amax -> id = 1
     x[1] = 2.5; // tie -> 2
@@ -113,6 +121,7 @@ fn q8_0_quantizer_rounds_half_to_even_and_stores_f16_scale() {
 
 #[test]
 fn q8k_quantizer_keeps_sign_of_max_and_block_sums() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     let x: Vec<f32> = (0..256).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
     let b = quantize_q8k(&x);
@@ -131,6 +140,7 @@ fn q8k_quantizer_keeps_sign_of_max_and_block_sums() {
 
 #[test]
 fn matmul_rows_do_not_depend_on_the_batch() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     for t in TYPES {
         let (rows, cols, m) = (45, cols_for(t), 6);
@@ -154,6 +164,224 @@ fn matmul_rows_do_not_depend_on_the_batch() {
                 &all[r * rows..(r + 1) * rows],
                 "{t:?} row {r}"
             );
+        }
+    }
+}
+
+/// Types with a fused multi-row tile (`vec_dot_tile`).
+const TILED: [GgmlType; 6] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// Every (weight row, activation row) of a W x R tile equals the one-row `vec_dot`, bit for bit.
+#[allow(clippy::needless_range_loop)]
+fn check_tile<const W: usize, const R: usize>(t: GgmlType, rng: &mut impl Rng) {
+    let cols = cols_for(t);
+    let rows: Vec<Vec<u8>> = (0..W).map(|_| random_row(t, cols, rng)).collect();
+    let m = R + 2;
+    let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+    let acts = Activations::quantize(t.act_format(), &x, cols);
+    for r0 in [0, 2] {
+        let ws: [&[u8]; W] = std::array::from_fn(|w| rows[w].as_slice());
+        let Some(out) = vec_dot_tile::<W, R>(t, ws, &acts, r0) else {
+            assert!(!has_tile(t), "{t:?}: has_tile but no tile");
+            return;
+        };
+        assert!(has_tile(t));
+        for w in 0..W {
+            for r in 0..R {
+                let one = vec_dot(t, &rows[w], &acts, r0 + r);
+                assert_eq!(
+                    out[w][r].to_bits(),
+                    one.to_bits(),
+                    "{t:?} tile {W}x{R} weight row {w} act row {}",
+                    r0 + r
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn tiles_are_bit_identical_to_one_row_dot() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    for t in TYPES {
+        for _ in 0..4 {
+            check_tile::<4, 1>(t, &mut rng);
+            check_tile::<4, 4>(t, &mut rng);
+            check_tile::<2, 3>(t, &mut rng);
+            check_tile::<1, 4>(t, &mut rng);
+            check_tile::<3, 1>(t, &mut rng);
+        }
+        assert_eq!(has_tile(t), simd::use_avx2() && TILED.contains(&t), "{t:?}");
+    }
+}
+
+/// Activations at the ends of the i8 range (|q| = 127 everywhere): the largest 16-bit
+/// intermediate sums, still equal to the one-row results.
+#[test]
+fn tiles_match_one_row_dot_on_extreme_activations() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for t in TILED {
+        let cols = cols_for(t);
+        let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(t, cols, &mut rng)).collect();
+        // One huge value per block: every other quant is small; all-equal rows hit 127 everywhere.
+        let mut x: Vec<f32> = (0..4 * cols)
+            .map(|i| if i % 3 == 0 { -9.0 } else { 9.0 })
+            .collect();
+        x[..cols].fill(1.0);
+        let acts = Activations::quantize(t.act_format(), &x, cols);
+        for r in 0..4 {
+            let ws: [&[u8]; 4] = std::array::from_fn(|w| rows[w].as_slice());
+            let Some(out) = vec_dot_tile::<4, 1>(t, ws, &acts, r) else {
+                continue;
+            };
+            for w in 0..4 {
+                assert_eq!(
+                    out[w][0].to_bits(),
+                    vec_dot(t, &rows[w], &acts, r).to_bits()
+                );
+            }
+        }
+    }
+}
+
+/// Odd shapes through `matmul_many`: row counts that leave partial weight tiles and partial
+/// activation tiles, several weights in one call, every row equal to its one-row result.
+#[test]
+fn matmul_odd_shapes_match_one_row_results() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    for t in TYPES {
+        let cols = cols_for(t);
+        let shapes = [1usize, 3, 4, 5, 67, 130];
+        let datas: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&rows| {
+                (0..rows)
+                    .flat_map(|_| random_row(t, cols, &mut rng))
+                    .collect()
+            })
+            .collect();
+        let ws: Vec<Weight> = shapes
+            .iter()
+            .zip(&datas)
+            .map(|(&rows, data)| Weight {
+                t,
+                data,
+                rows,
+                cols,
+            })
+            .collect();
+        for m in [1usize, 2, 3, 5, 7, 9] {
+            let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+            let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; m * w.rows]).collect();
+            let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+            matmul_many(&ws, &x, m, &mut outs, None);
+            let acts = Activations::quantize(t.act_format(), &x, cols);
+            for (w, buf) in ws.iter().zip(&bufs) {
+                for r in 0..m {
+                    for n in 0..w.rows {
+                        let one = vec_dot(t, w.row(n), &acts, r);
+                        assert_eq!(
+                            buf[r * w.rows + n].to_bits(),
+                            one.to_bits(),
+                            "{t:?} {}x{cols} m={m} row {r} out {n}",
+                            w.rows
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The scalar path (forced) keeps batch invariance too; it has no fused tiles.
+#[test]
+fn scalar_path_matmul_rows_do_not_depend_on_the_batch() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
+    simd::set_force_scalar(true);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    for t in TYPES {
+        assert!(!has_tile(t));
+        let (rows, cols, m) = (9, cols_for(t), 6);
+        let data: Vec<u8> = (0..rows)
+            .flat_map(|_| random_row(t, cols, &mut rng))
+            .collect();
+        let w = Weight {
+            t,
+            data: &data,
+            rows,
+            cols,
+        };
+        let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+        let mut all = vec![0.0f32; m * rows];
+        matmul_many(&[w], &x, m, &mut [&mut all], None);
+        let acts = Activations::quantize(t.act_format(), &x, cols);
+        for r in 0..m {
+            for n in 0..rows {
+                let one = vec_dot_scalar(t, w.row(n), &acts, r);
+                assert_eq!(all[r * rows + n].to_bits(), one.to_bits(), "{t:?} row {r}");
+            }
+        }
+    }
+    simd::set_force_scalar(false);
+}
+
+/// The AVX2 activation quantizers equal the scalar ones bit for bit, including ties, zeros,
+/// sign of the maximum, equal |max| of both signs, and non-finite inputs (scalar fallback).
+#[test]
+fn simd_quantizers_match_scalar() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let mut inputs: Vec<Vec<f32>> = Vec::new();
+    for _ in 0..200 {
+        let scale = 10f32.powi(rng.gen_range(-6..4));
+        inputs.push(
+            (0..256)
+                .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
+                .collect(),
+        );
+    }
+    // Exact ties after scaling: integers and halves with max 127.
+    inputs.push(
+        (0..256)
+            .map(|i| ((i % 255) as f32 - 127.0) / 2.0 + 0.0)
+            .collect(),
+    );
+    inputs.push((0..256).map(|i| (i as f32 - 128.0) * 0.5).collect());
+    let mut both = vec![0.25f32; 256];
+    both[7] = -3.0;
+    both[100] = 3.0;
+    inputs.push(both.clone());
+    both[7] = 3.0;
+    both[100] = -3.0;
+    inputs.push(both);
+    inputs.push(vec![0.0; 256]);
+    inputs.push(vec![-0.0; 256]);
+    let mut special = vec![0.5f32; 256];
+    special[3] = f32::NAN;
+    inputs.push(special.clone());
+    special[3] = f32::INFINITY;
+    inputs.push(special.clone());
+    special[3] = 1e-40; // subnormal
+    inputs.push(special);
+    for x in &inputs {
+        let (a, b) = (quantize_q8k(x), quantize_q8k_scalar(x));
+        assert_eq!(a.d.to_bits(), b.d.to_bits());
+        assert_eq!(a.qs, b.qs);
+        assert_eq!(a.bsums, b.bsums);
+        for c in x.chunks_exact(32) {
+            let (a, b) = (quantize_q8_0(c), quantize_q8_0_scalar(c));
+            assert_eq!(a.d.to_bits(), b.d.to_bits());
+            assert_eq!(a.qs, b.qs);
         }
     }
 }

@@ -3,6 +3,7 @@
 from hyserve_kernels._native import (
     CancelFlag,
     Cancelled,
+    MoeFfn,
     QMatrix,
     attention,
     conv1d_causal,
@@ -27,6 +28,7 @@ from hyserve_kernels._native import (
 __all__ = [
     "CancelFlag",
     "Cancelled",
+    "MoeFfn",
     "QMatrix",
     "attention",
     "conv1d_causal",

@@ -124,8 +124,32 @@ fn abs_max(x: &[f32]) -> f32 {
     x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
-/// llama.cpp's x86 Q8_0 quantizer: `id = 127/amax`, round half to even, `d` rounded to f16.
+/// `quantize_q8_0_scalar` on the AVX2 path where it applies (bit-identical).
 pub fn quantize_q8_0(x: &[f32]) -> BlockQ8_0 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx2() && x.len() == 32 {
+        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
+        if let Some(b) = unsafe { super::avx2::quantize_q8_0(x) } {
+            return b;
+        }
+    }
+    quantize_q8_0_scalar(x)
+}
+
+/// `quantize_q8k_scalar` on the AVX2 path where it applies (bit-identical).
+pub fn quantize_q8k(x: &[f32]) -> BlockQ8K {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx2() && x.len() == 256 {
+        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
+        if let Some(b) = unsafe { super::avx2::quantize_q8k(x) } {
+            return b;
+        }
+    }
+    quantize_q8k_scalar(x)
+}
+
+/// llama.cpp's x86 Q8_0 quantizer: `id = 127/amax`, round half to even, `d` rounded to f16.
+pub fn quantize_q8_0_scalar(x: &[f32]) -> BlockQ8_0 {
     let amax = abs_max(x);
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
@@ -158,7 +182,7 @@ pub fn quantize_q8_1(x: &[f32]) -> BlockQ8_1 {
 }
 
 /// llama.cpp's reference Q8_K quantizer: signed max, `iscale = -127/max`, `d = 1/iscale` (f32).
-pub fn quantize_q8k(x: &[f32]) -> BlockQ8K {
+pub fn quantize_q8k_scalar(x: &[f32]) -> BlockQ8K {
     let mut max = 0.0f32;
     let mut amax = 0.0f32;
     for &v in x {

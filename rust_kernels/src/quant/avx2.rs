@@ -5,7 +5,6 @@
 //! only on the row length, never on the batch.
 
 use super::act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
-use super::kquants::scales_mins;
 use super::{Activations, GgmlType};
 use std::arch::x86_64::*;
 
@@ -16,11 +15,7 @@ pub unsafe fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f3
     vec_dot_rows::<1>(t, w, acts, r)[0]
 }
 
-/// One weight row against activation rows `r0 .. r0+R`. Each weight block is unpacked once and
-/// used for all R rows; every output sees exactly the operations of the one-row case, so the
-/// results are bit-identical to `vec_dot` (batch invariance).
-///
-/// Four weight rows against one activation row, for the Q8_0-activation types (`None` for others):
+/// Four weight rows against one activation row where a fused kernel exists (`None` otherwise):
 /// independent accumulators keep more loads in flight in matrix-vector products.
 ///
 /// # Safety
@@ -32,19 +27,48 @@ pub unsafe fn vec_dot_4rows(
     acts: &Activations,
     r: usize,
 ) -> Option<[f32; 4]> {
-    let y = [match acts {
-        Activations::Q8_0 { .. } => acts.q8_0_row(r),
-        _ => return None,
-    }];
-    let out = match t {
-        GgmlType::Q8_0 => dot_q8_0::<4, 1>(ws, y),
-        GgmlType::Q4_0 => dot_q4_0::<4, 1>(ws, y),
-        GgmlType::Q5_0 => dot_q5_0::<4, 1>(ws, y),
-        _ => return None,
-    };
-    Some(out.map(|o| o[0]))
+    vec_dot_tile::<4, 1>(t, ws, acts, r).map(|o| o.map(|o| o[0]))
 }
 
+/// W weight rows against activation rows `r0 .. r0+R` (`None` for types without a fused kernel:
+/// the float and Q8_1-activation types). Each weight block is unpacked once for all R rows and each
+/// activation block loaded once for all W rows; every output sees exactly the operations of the
+/// one-row case, so the results are bit-identical to `vec_dot` (batch invariance).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_tile<const W: usize, const R: usize>(
+    t: GgmlType,
+    ws: [&[u8]; W],
+    acts: &Activations,
+    r0: usize,
+) -> Option<[[f32; R]; W]> {
+    Some(match (t, acts) {
+        (GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
+            dot_q8_0::<W, R>(ws, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
+        }
+        (GgmlType::Q4_0, Activations::Q8_0 { .. }) => {
+            dot_q4_0::<W, R>(ws, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
+        }
+        (GgmlType::Q5_0, Activations::Q8_0 { .. }) => {
+            dot_q5_0::<W, R>(ws, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
+        }
+        (GgmlType::Q4K, Activations::Q8K { .. }) => {
+            dot_q45k::<false, W, R>(ws, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+        }
+        (GgmlType::Q5K, Activations::Q8K { .. }) => {
+            dot_q45k::<true, W, R>(ws, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+        }
+        (GgmlType::Q6K, Activations::Q8K { .. }) => {
+            dot_q6k::<W, R>(ws, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+        }
+        _ => return None,
+    })
+}
+
+/// One weight row against activation rows `r0 .. r0+R`, bit-identical to R calls of `vec_dot`.
+///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -80,16 +104,125 @@ pub unsafe fn vec_dot_rows<const R: usize>(
             dot_q5_1::<R>(w, std::array::from_fn(|i| acts.q8_1_row(r0 + i)))
         }
         (GgmlType::Q4K, Activations::Q8K { .. }) => {
-            dot_q45k::<false, R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+            dot_q45k::<false, 1, R>([w], std::array::from_fn(|i| acts.q8k_row(r0 + i)))[0]
         }
         (GgmlType::Q5K, Activations::Q8K { .. }) => {
-            dot_q45k::<true, R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+            dot_q45k::<true, 1, R>([w], std::array::from_fn(|i| acts.q8k_row(r0 + i)))[0]
         }
         (GgmlType::Q6K, Activations::Q8K { .. }) => {
-            dot_q6k::<R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+            dot_q6k::<1, R>([w], std::array::from_fn(|i| acts.q8k_row(r0 + i)))[0]
         }
         _ => panic!("activation format does not match weight type {t:?}"),
     }
+}
+
+/// Four vectors of 8 integral floats (|v| <= 127 after the `min`) packed into 32 i8 in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_i8x32(v: [__m256; 4]) -> __m256i {
+    let cap = _mm256_set1_epi32(127);
+    let i: [__m256i; 4] = std::array::from_fn(|k| _mm256_min_epi32(_mm256_cvtps_epi32(v[k]), cap));
+    let p = _mm256_packs_epi16(
+        _mm256_packs_epi32(i[0], i[1]),
+        _mm256_packs_epi32(i[2], i[3]),
+    );
+    _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// Round to nearest, ties to even (the default MXCSR mode, as `round_ties_even`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round_even(v: __m256) -> __m256 {
+    _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+}
+
+/// Largest |x| over `x` (a multiple of 8 long) and whether any element is NaN.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn abs_max_nan(x: &[f32]) -> (f32, bool) {
+    let sign = _mm256_set1_ps(-0.0);
+    let (mut m, mut nan) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for c in x.chunks_exact(8) {
+        let v = _mm256_loadu_ps(c.as_ptr());
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, v), m);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+    }
+    let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    let h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    (_mm_cvtss_f32(h), _mm256_movemask_ps(nan) != 0)
+}
+
+/// `quantize_q8_0` for 32 finite floats (`None` when a value is not finite: the caller then runs
+/// the scalar quantizer, whose NaN/infinity conversions differ from the vector ones).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `x.len() == 32`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_q8_0(x: &[f32]) -> Option<BlockQ8_0> {
+    assert_eq!(x.len(), 32);
+    let (amax, nan) = abs_max_nan(x);
+    if nan || !amax.is_finite() || amax == 0.0 {
+        return None;
+    }
+    let id = _mm256_set1_ps(127.0 / amax);
+    let v: [__m256; 4] = std::array::from_fn(|k| {
+        round_even(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * k)), id))
+    });
+    let mut b = BlockQ8_0 {
+        d: half::f16::from_f32(amax / 127.0).to_f32(),
+        qs: [0; 32],
+    };
+    _mm256_storeu_si256(b.qs.as_mut_ptr() as *mut __m256i, pack_i8x32(v));
+    Some(b)
+}
+
+/// `quantize_q8k` for 256 finite floats (`None` otherwise, as `quantize_q8_0`).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `x.len() == 256`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_q8k(x: &[f32]) -> Option<BlockQ8K> {
+    assert_eq!(x.len(), 256);
+    let (amax, nan) = abs_max_nan(x);
+    if nan || !amax.is_finite() || amax == 0.0 {
+        return None;
+    }
+    // The first element whose |x| is the maximum, as the scalar scan keeps it.
+    let sign = _mm256_set1_ps(-0.0);
+    let target = _mm256_set1_ps(amax);
+    let mut max = amax;
+    for (c, chunk) in x.chunks_exact(8).enumerate() {
+        let v = _mm256_loadu_ps(chunk.as_ptr());
+        let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+            _mm256_andnot_ps(sign, v),
+            target,
+        ));
+        if hit != 0 {
+            max = x[8 * c + hit.trailing_zeros() as usize];
+            break;
+        }
+    }
+    let iscale = -127.0 / max;
+    let vs = _mm256_set1_ps(iscale);
+    let mut b = BlockQ8K {
+        d: 1.0 / iscale,
+        qs: [0; 256],
+        bsums: [0; 16],
+    };
+    for g in 0..8 {
+        let v: [__m256; 4] = std::array::from_fn(|k| {
+            round_even(_mm256_mul_ps(
+                vs,
+                _mm256_loadu_ps(x.as_ptr().add(32 * g + 8 * k)),
+            ))
+        });
+        _mm256_storeu_si256(b.qs.as_mut_ptr().add(32 * g) as *mut __m256i, pack_i8x32(v));
+    }
+    for (k, s) in b.bsums.iter_mut().enumerate() {
+        *s = b.qs[16 * k..16 * k + 16].iter().map(|&q| q as i16).sum();
+    }
+    Some(b)
 }
 
 /// Sum of 8 i32 lanes (exact).
@@ -240,160 +373,246 @@ dot_vs_q8_1!(dot_q5_1, 24, |b| _mm256_or_si256(
     _mm256_and_si256(bits32(read_u32(b.add(4))), _mm256_set1_epi8(0x10))
 ));
 
-/// Q4_K and Q5_K share everything but the 5th bit (`HIGH`) and how llama.cpp accumulates the
-/// mins term (kept identical here): Q4_K in 4 float lanes, Q5_K in one fused scalar sum.
+/// The 8 six-bit scales (low 128 bits) and 8 six-bit mins (high 128 bits) of a Q4_K/Q5_K block as
+/// i16 lanes, from the 12 packed bytes at `p` (llama.cpp's `utmp` shuffle; same values as
+/// `kquants::scales_mins`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q45k<const HIGH: bool, const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
-    let bytes = if HIGH { 176 } else { 144 };
-    let qs_at = if HIGH { 48 } else { 16 };
-    let m4 = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut mins4 = [[0.0f32; 4]; R];
-    let mut mins1 = [0.0f32; R];
-    for i in 0..ys[0].len() {
-        let b = &w[i * bytes..(i + 1) * bytes];
-        let (sc, m) = scales_mins(&b[4..16]);
-        let (dw, dminw) = (f16_at(b, 0), f16_at(b, 2));
-        let mins8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(m.as_ptr() as *const __m128i));
-        for r in 0..R {
-            let y = &ys[r][i];
-            let neg_dmin = -y.d * dminw;
-            // prod[k] = m[2k]*(bsum pair 2k) + m[2k+1]*(bsum pair 2k+1): the same 4 lanes as llama.cpp.
-            let bs = y.bsums.as_ptr() as *const __m128i;
-            let q8s = _mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs.add(1)));
-            let prod = _mm_madd_epi16(mins8, q8s);
-            if HIGH {
-                let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, prod), prod);
-                mins1[r] = neg_dmin.mul_add(_mm_cvtsi128_si32(total) as f32, mins1[r]);
-            } else {
-                let lanes = _mm_fmadd_ps(
-                    _mm_set1_ps(neg_dmin),
-                    _mm_cvtepi32_ps(prod),
-                    _mm_loadu_ps(mins4[r].as_ptr()),
-                );
-                _mm_storeu_ps(mins4[r].as_mut_ptr(), lanes);
-            }
-        }
-        let qh = if HIGH {
-            load(b.as_ptr().add(16))
-        } else {
-            _mm256_setzero_si256()
-        };
-        let mut sumi = [_mm256_setzero_si256(); R];
-        for c in 0..4 {
-            let raw = load(b.as_ptr().add(qs_at + 32 * c));
-            let mut lo = _mm256_and_si256(raw, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
-            if HIGH {
-                let bit_lo =
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), one);
-                let bit_hi = _mm256_and_si256(
-                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)),
-                    one,
-                );
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bit_lo));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16::<4>(bit_hi));
-            }
-            let (s_lo, s_hi) = (
-                _mm256_set1_epi16(sc[2 * c] as i16),
-                _mm256_set1_epi16(sc[2 * c + 1] as i16),
-            );
-            for r in 0..R {
-                let q8 = ys[r][i].qs.as_ptr() as *const u8;
-                let plo = _mm256_maddubs_epi16(lo, load(q8.add(64 * c)));
-                let phi = _mm256_maddubs_epi16(hi, load(q8.add(64 * c + 32)));
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(plo, s_lo));
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(phi, s_hi));
-            }
-        }
-        for r in 0..R {
-            let d = dw * ys[r][i].d;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-        }
-    }
-    std::array::from_fn(|r| {
-        let m = &mins4[r];
-        hsum_ps(acc[r])
-            + if HIGH {
-                mins1[r]
-            } else {
-                (m[0] + m[2]) + (m[1] + m[3])
-            }
-    })
+unsafe fn q45k_scales_mins(p: *const u8) -> __m256i {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let (u0, u1, u2) = (read_u32(p), read_u32(p.add(4)), read_u32(p.add(8)));
+    let sc_lo = u0 & K1;
+    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let m_lo = u1 & K1;
+    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    _mm256_cvtepu8_epi16(_mm_set_epi32(
+        m_hi as i32,
+        m_lo as i32,
+        sc_hi as i32,
+        sc_lo as i32,
+    ))
 }
 
+/// Shuffle mask that broadcasts i16 lane `k` (0..8) of a 128-bit half to all its lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6k<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
+unsafe fn bcast16_mask(k: usize) -> __m256i {
+    let lo = (2 * k) as i16;
+    _mm256_set1_epi16(lo | ((lo + 1) << 8))
+}
+
+/// Bit `b` (0..8) of every byte of `qh`, moved to bit 4 (the 5th bit of a Q5_K quant).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bit_to_4(qh: __m256i, b: usize) -> __m256i {
+    let m = _mm256_and_si256(qh, _mm256_set1_epi8((1u8 << b) as i8));
+    match b {
+        0 => _mm256_slli_epi16::<4>(m),
+        1 => _mm256_slli_epi16::<3>(m),
+        2 => _mm256_slli_epi16::<2>(m),
+        3 => _mm256_slli_epi16::<1>(m),
+        4 => m,
+        5 => _mm256_srli_epi16::<1>(m),
+        6 => _mm256_srli_epi16::<2>(m),
+        _ => _mm256_srli_epi16::<3>(m),
+    }
+}
+
+/// Q4_K and Q5_K, W weight rows against R activation rows. They share everything but the 5th bit
+/// (`HIGH`) and how llama.cpp accumulates the mins term (kept identical here): Q4_K in 4 float
+/// lanes, Q5_K in one fused scalar sum. Every output keeps the one-row operation order; the integer
+/// lane sums are exact, so sharing loads across rows changes no bit.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q45k<const HIGH: bool, const W: usize, const R: usize>(
+    ws: [&[u8]; W],
+    ys: [&[BlockQ8K]; R],
+) -> [[f32; R]; W] {
+    let bytes = if HIGH { 176 } else { 144 };
+    let qs_at = if HIGH { 48 } else { 16 };
+    let nb = ys[0].len();
+    assert!(ws.iter().all(|w| w.len() >= nb * bytes) && ys.iter().all(|y| y.len() == nb));
     let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(0x03);
-    let mut acc = [_mm256_setzero_ps(); R];
-    for i in 0..ys[0].len() {
-        let b = &w[i * 210..(i + 1) * 210];
-        let scales: [i8; 16] = std::array::from_fn(|k| b[192 + k] as i8);
-        // The -32 offset, folded into the exact integer sum through the Q8_K block sums.
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.as_ptr().add(192) as *const __m128i));
-        let mut sumi: [__m256i; R] = std::array::from_fn(|r| {
-            let bs = _mm256_loadu_si256(ys[r][i].bsums.as_ptr() as *const __m256i);
-            // -32 * sum(scale[k] * bsum[k]) added to lane 0: the same exact integer total.
-            _mm256_setr_epi32(
-                -32 * hsum_epi32(_mm256_madd_epi16(sc16, bs)),
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-            )
+    let mut acc = [[_mm256_setzero_ps(); R]; W];
+    let mut mins4 = [[_mm_setzero_ps(); R]; W];
+    let mut mins1 = [[0.0f32; R]; W];
+    for i in 0..nb {
+        let bp: [*const u8; W] = std::array::from_fn(|w| ws[w].as_ptr().add(i * bytes));
+        let yb: [&BlockQ8K; R] = std::array::from_fn(|r| ys[r].get_unchecked(i));
+        // prod[k] = m[2k]*(bsum pair 2k) + m[2k+1]*(bsum pair 2k+1): the same 4 lanes as llama.cpp.
+        let q8s: [__m128i; R] = std::array::from_fn(|r| {
+            let bs = yb[r].bsums.as_ptr() as *const __m128i;
+            _mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs.add(1)))
         });
-        for n in 0..2 {
-            let a = load(b.as_ptr().add(64 * n));
-            let c = load(b.as_ptr().add(64 * n + 32));
-            let h = load(b.as_ptr().add(128 + 32 * n));
-            let quads = [
-                _mm256_or_si256(_mm256_and_si256(a, m4), q6_high_bits(h, 0, m3)),
-                _mm256_or_si256(_mm256_and_si256(c, m4), q6_high_bits(h, 2, m3)),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
-                    q6_high_bits(h, 4, m3),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4),
-                    q6_high_bits(h, 6, m3),
-                ),
-            ];
-            for (j, q) in quads.iter().enumerate() {
-                let k = 8 * n + 2 * j;
-                let sv = _mm256_set_m128i(
-                    _mm_set1_epi16(scales[k + 1] as i16),
-                    _mm_set1_epi16(scales[k] as i16),
-                );
-                for r in 0..R {
-                    let q8 = ys[r][i].qs.as_ptr() as *const u8;
-                    let p = _mm256_maddubs_epi16(*q, load(q8.add(128 * n + 32 * j)));
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sv));
+        let mut scales = [_mm256_setzero_si256(); W];
+        for w in 0..W {
+            let sm = q45k_scales_mins(bp[w].add(4));
+            scales[w] = _mm256_permute2x128_si256::<0x00>(sm, sm);
+            let mins8 = _mm256_extracti128_si256::<1>(sm);
+            let dminw = f16_at(ws[w], i * bytes + 2);
+            for r in 0..R {
+                let neg_dmin = -yb[r].d * dminw;
+                let prod = _mm_madd_epi16(mins8, q8s[r]);
+                if HIGH {
+                    let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, prod), prod);
+                    mins1[w][r] = neg_dmin.mul_add(_mm_cvtsi128_si32(total) as f32, mins1[w][r]);
+                } else {
+                    mins4[w][r] =
+                        _mm_fmadd_ps(_mm_set1_ps(neg_dmin), _mm_cvtepi32_ps(prod), mins4[w][r]);
                 }
             }
         }
-        for r in 0..R {
-            let d = f16_at(b, 208) * ys[r][i].d;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        let qh: [__m256i; W] = std::array::from_fn(|w| {
+            if HIGH {
+                load(bp[w].add(16))
+            } else {
+                _mm256_setzero_si256()
+            }
+        });
+        let mut sumi = [[_mm256_setzero_si256(); R]; W];
+        for c in 0..4 {
+            let y_lo: [__m256i; R] =
+                std::array::from_fn(|r| load((yb[r].qs.as_ptr() as *const u8).add(64 * c)));
+            let y_hi: [__m256i; R] =
+                std::array::from_fn(|r| load((yb[r].qs.as_ptr() as *const u8).add(64 * c + 32)));
+            for w in 0..W {
+                let raw = load(bp[w].add(qs_at + 32 * c));
+                let mut lo = _mm256_and_si256(raw, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+                if HIGH {
+                    lo = _mm256_or_si256(lo, bit_to_4(qh[w], 2 * c));
+                    hi = _mm256_or_si256(hi, bit_to_4(qh[w], 2 * c + 1));
+                }
+                let s_lo = _mm256_shuffle_epi8(scales[w], bcast16_mask(2 * c));
+                let s_hi = _mm256_shuffle_epi8(scales[w], bcast16_mask(2 * c + 1));
+                for r in 0..R {
+                    let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y_lo[r]), s_lo);
+                    let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y_hi[r]), s_hi);
+                    sumi[w][r] = _mm256_add_epi32(sumi[w][r], _mm256_add_epi32(plo, phi));
+                }
+            }
+        }
+        for w in 0..W {
+            let dw = f16_at(ws[w], i * bytes);
+            for r in 0..R {
+                let d = dw * yb[r].d;
+                acc[w][r] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[w][r]), acc[w][r]);
+            }
         }
     }
-    std::array::from_fn(|r| hsum_ps(acc[r]))
+    std::array::from_fn(|w| {
+        std::array::from_fn(|r| {
+            let mut m = [0.0f32; 4];
+            _mm_storeu_ps(m.as_mut_ptr(), mins4[w][r]);
+            hsum_ps(acc[w][r])
+                + if HIGH {
+                    mins1[w][r]
+                } else {
+                    (m[0] + m[2]) + (m[1] + m[3])
+                }
+        })
+    })
 }
 
-/// Bits `s, s+1` of each byte of `h`, moved to bits 4-5.
+/// Q6_K, W weight rows against R activation rows (each output keeps the one-row operation order).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_high_bits(h: __m256i, s: i32, m3: __m256i) -> __m256i {
-    _mm256_slli_epi16::<4>(_mm256_and_si256(
-        _mm256_srl_epi16(h, _mm_cvtsi32_si128(s)),
-        m3,
-    ))
+unsafe fn dot_q6k<const W: usize, const R: usize>(
+    ws: [&[u8]; W],
+    ys: [&[BlockQ8K]; R],
+) -> [[f32; R]; W] {
+    let nb = ys[0].len();
+    assert!(ws.iter().all(|w| w.len() >= nb * 210) && ys.iter().all(|y| y.len() == nb));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(0x03);
+    let mut acc = [[_mm256_setzero_ps(); R]; W];
+    for i in 0..nb {
+        let bp: [*const u8; W] = std::array::from_fn(|w| ws[w].as_ptr().add(i * 210));
+        let yb: [&BlockQ8K; R] = std::array::from_fn(|r| ys[r].get_unchecked(i));
+        let sc8: [__m128i; W] =
+            std::array::from_fn(|w| _mm_loadu_si128(bp[w].add(192) as *const __m128i));
+        // The -32 offset, folded into the exact integer sum through the Q8_K block sums:
+        // -32 * sum(scale[k] * bsum[k]), added to lane 0 (the same exact integer total).
+        let bs: [__m256i; R] =
+            std::array::from_fn(|r| _mm256_loadu_si256(yb[r].bsums.as_ptr() as *const __m256i));
+        let mut sumi = [[_mm256_setzero_si256(); R]; W];
+        for r in 0..R {
+            let t: [__m256i; W] =
+                std::array::from_fn(|w| _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8[w]), bs[r]));
+            if W == 4 {
+                // Four horizontal sums at once: lane w of `s` is row w's total.
+                let h =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+                let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                let s = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32::<5>(s));
+                let lane0 = _mm_setr_epi32(-1, 0, 0, 0);
+                sumi[0][r] = _mm256_zextsi128_si256(_mm_and_si128(s, lane0));
+                sumi[1][r] = _mm256_zextsi128_si256(_mm_and_si128(_mm_srli_si128::<4>(s), lane0));
+                sumi[2][r] = _mm256_zextsi128_si256(_mm_and_si128(_mm_srli_si128::<8>(s), lane0));
+                sumi[3][r] = _mm256_zextsi128_si256(_mm_srli_si128::<12>(s));
+            } else {
+                for w in 0..W {
+                    sumi[w][r] = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-32 * hsum_epi32(t[w])));
+                }
+            }
+        }
+        for n in 0..2 {
+            let y: [[__m256i; 4]; R] = std::array::from_fn(|r| {
+                let q8 = (yb[r].qs.as_ptr() as *const u8).add(128 * n);
+                std::array::from_fn(|j| load(q8.add(32 * j)))
+            });
+            for w in 0..W {
+                let a = load(bp[w].add(64 * n));
+                let c = load(bp[w].add(64 * n + 32));
+                let h = load(bp[w].add(128 + 32 * n));
+                let quads = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(a, m4),
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(c, m4),
+                        _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<2>(m3))),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
+                        _mm256_and_si256(h, _mm256_slli_epi16::<4>(m3)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4),
+                        _mm256_srli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<6>(m3))),
+                    ),
+                ];
+                for (j, q) in quads.iter().enumerate() {
+                    let k = 8 * n + 2 * j;
+                    // Low 128 bits: scale k (elements 0..16 of the 32), high: scale k+1.
+                    let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                        sc8[w],
+                        _mm_set_epi64x(
+                            (0x0101_0101_0101_0101u64 * (k as u64 + 1)) as i64,
+                            (0x0101_0101_0101_0101u64 * k as u64) as i64,
+                        ),
+                    ));
+                    for r in 0..R {
+                        let p = _mm256_maddubs_epi16(*q, y[r][j]);
+                        sumi[w][r] = _mm256_add_epi32(sumi[w][r], _mm256_madd_epi16(p, sv));
+                    }
+                }
+            }
+        }
+        for w in 0..W {
+            let dw = f16_at(ws[w], i * 210 + 208);
+            for r in 0..R {
+                let d = dw * yb[r].d;
+                acc[w][r] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[w][r]), acc[w][r]);
+            }
+        }
+    }
+    std::array::from_fn(|w| std::array::from_fn(|r| hsum_ps(acc[w][r])))
 }
 
 /// Float rows: four 8-lane accumulators over 32-element steps, a scalar tail, like ggml.

@@ -153,12 +153,39 @@ pub fn vec_dot_4rows(
     acts: &Activations,
     r: usize,
 ) -> Option<[f32; 4]> {
+    vec_dot_tile::<4, 1>(t, ws, acts, r).map(|o| o.map(|o| o[0]))
+}
+
+/// True when `vec_dot_tile` has a fused kernel for `t` on this CPU's path.
+#[inline]
+pub fn has_tile(t: GgmlType) -> bool {
+    simd::use_avx2()
+        && matches!(
+            t,
+            GgmlType::Q8_0
+                | GgmlType::Q4_0
+                | GgmlType::Q5_0
+                | GgmlType::Q4K
+                | GgmlType::Q5K
+                | GgmlType::Q6K
+        )
+}
+
+/// W weight rows against activation rows `r0 .. r0+R` where a fused kernel exists (`has_tile`):
+/// `out[w][i]` is bit-identical to `vec_dot(t, ws[w], acts, r0 + i)`. `None` otherwise.
+#[inline]
+pub fn vec_dot_tile<const W: usize, const R: usize>(
+    t: GgmlType,
+    ws: [&[u8]; W],
+    acts: &Activations,
+    r0: usize,
+) -> Option<[[f32; R]; W]> {
     #[cfg(target_arch = "x86_64")]
     if simd::use_avx2() {
         // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::vec_dot_4rows(t, ws, acts, r) };
+        return unsafe { avx2::vec_dot_tile::<W, R>(t, ws, acts, r0) };
     }
-    let _ = (t, ws, acts, r);
+    let _ = (t, ws, acts, r0);
     None
 }
 

@@ -193,12 +193,25 @@ def prompt_tokens(
 _GENERATION_PROMPT_BOUNDARY_TOKENS = 16
 
 
+def _reasoning_text(message: Mapping[str, Any]) -> str:
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning.strip():
+        return reasoning.strip()
+    content = message.get("content")
+    if isinstance(content, str) and "</think>" in content:
+        return content.split("</think>")[0].split("<think>")[-1].strip()
+    return ""
+
+
 def chat_boundaries(rendered: RenderedChat, messages: Sequence[Mapping[str, Any]], starts: Sequence[int]) -> list[int]:
     """Token positions where a later conversation is likely to diverge from this one, for checkpoints:
 
     - where each message's rendering starts (an edited or dropped message diverges there);
     - where each message's content starts, when the content appears verbatim in its rendering (an
       edited message whose header is unchanged diverges there);
+    - where an assistant message's rendered reasoning starts (its "<think>" tag, else the text):
+      templates like Qwen3.5's drop that reasoning once a new user message arrives, so the next
+      prompt diverges exactly there;
     - every position inside the generation prompt: the next turn renders this assistant message
       again, often with a different header tail (e.g. without the opened think block), so the
       divergence is anywhere in it.
@@ -206,12 +219,19 @@ def chat_boundaries(rendered: RenderedChat, messages: Sequence[Mapping[str, Any]
     """
     chars = list(rendered.message_char_offsets)
     ends = [*chars[1:], rendered.generation_prompt_offset or len(rendered.text)]
+    text = rendered.text
     for start, end, message in zip(rendered.message_char_offsets, ends, messages):
         content = message.get("content")
         if isinstance(content, str) and content:
-            at = rendered.text.find(content, start, max(end, start + len(content)))
+            at = text.find(content, start, max(end, start + len(content)))
             if at >= 0:
                 chars.append(at)
+        reasoning = _reasoning_text(message)
+        if reasoning:
+            at = text.find(reasoning, start, max(end, start + len(reasoning)))
+            if at >= 0:
+                think = text.rfind("<think>", start, at)
+                chars.append(think if think >= 0 else at)
     positions = set(message_token_offsets(chars, starts))
     gen_at = rendered.generation_prompt_offset
     if gen_at is not None and gen_at < len(rendered.text):

@@ -501,9 +501,7 @@ class Engine:
             )
         return admitted
 
-    def _start(
-        self, task: Task, slot: Slot, admission: Admission, entry: StoredSequence | None, now: float
-    ) -> _Run:
+    def _start(self, task: Task, slot: Slot, admission: Admission, entry: StoredSequence | None, now: float) -> _Run:
         """Prepare the slot's memory for the task's resume point (from `entry`, the planned store
         entry, if any) and create its run."""
         plan = admission.plan

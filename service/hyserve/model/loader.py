@@ -13,7 +13,9 @@ from hyserve.model.architectures.base import Architecture
 from hyserve.model.architectures.gemma3 import Gemma3
 from hyserve.model.architectures.llama import Llama, Qwen
 from hyserve.model.architectures.mamba2 import Mamba2
+from hyserve.model.architectures.qwen3next import Qwen3Next
 from hyserve.model.architectures.qwen35 import Qwen35
+from hyserve.model.architectures.qwen35moe import Qwen35Moe
 from hyserve.model.chat_template import ChatTemplate
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 from hyserve.model.tokenizer import Tokenizer
@@ -27,6 +29,8 @@ ARCHITECTURES: dict[str, Callable[[GGUFFile], Architecture]] = {
     "qwen3": Qwen,
     "mamba2": Mamba2,
     "qwen35": Qwen35,
+    "qwen35moe": Qwen35Moe,
+    "qwen3next": Qwen3Next,
 }
 
 

@@ -44,6 +44,18 @@ class WeightLoader:
             raise GGUFError(f"{self.gguf.path}: tensor {name!r} has shape {info.shape}, expected a matrix")
         return QMatrix(info.data, int(info.ggml_type), info.n_rows, info.row_len)
 
+    def experts(self, name: str, n_expert: int) -> QMatrix:
+        """A 3-D expert tensor ({cols, rows, n_expert} in ggml order) as one matrix of n_expert
+        blocks of rows, expert e's rows first-to-last in block e."""
+        info = self.gguf.tensor(name)
+        if len(info.shape) != 3 or info.shape[2] != n_expert:
+            raise GGUFError(f"{self.gguf.path}: tensor {name!r} has shape {info.shape}, expected [*, *, {n_expert}]")
+        if info.ggml_type not in SUPPORTED_TYPES:
+            raise GGUFError(
+                f"{self.gguf.path}: tensor {name!r} has type {info.ggml_type.name}, which hyserve does not support"
+            )
+        return QMatrix(info.data, int(info.ggml_type), info.n_rows, info.row_len)
+
     def optional_vector(self, name: str, length: int | None = None) -> np.ndarray | None:
         return self.vector(name, length) if self.has(name) else None
 

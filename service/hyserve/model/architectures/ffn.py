@@ -1,0 +1,64 @@
+"""Feed-forward blocks: the dense SwiGLU FFN and the mixture-of-experts FFN (routed experts plus
+a sigmoid-gated shared expert), both callable as `ffn(x, cancel) -> rows x n_embd`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import hyserve_kernels as hk
+import numpy as np
+
+from hyserve.model.gguf_file import GGUFError
+from hyserve.model.weights import WeightLoader
+
+
+class Ffn(Protocol):
+    def __call__(self, x: np.ndarray, cancel: hk.CancelFlag | None = None) -> np.ndarray: ...
+
+
+@dataclass
+class DenseFfn:
+    """`W_down · (silu(W_gate · x) ⊙ W_up · x)`."""
+
+    w_gate: hk.QMatrix
+    w_up: hk.QMatrix
+    w_down: hk.QMatrix
+
+    def __call__(self, x: np.ndarray, cancel: hk.CancelFlag | None = None) -> np.ndarray:
+        gate, up = hk.matmul_many([self.w_gate, self.w_up], x, cancel)
+        return hk.matmul(self.w_down, hk.swiglu(gate, up), cancel)
+
+
+def load_dense(w: WeightLoader, prefix: str) -> DenseFfn:
+    return DenseFfn(
+        w.matrix(prefix + "ffn_gate.weight"), w.matrix(prefix + "ffn_up.weight"), w.matrix(prefix + "ffn_down.weight")
+    )
+
+
+def load_moe(w: WeightLoader, prefix: str, n_expert: int, n_used: int) -> hk.MoeFfn:
+    """The MoE FFN of one block (`ffn_gate_inp`, `ffn_{gate,up,down}_exps` or a fused
+    `ffn_gate_up_exps`, optional `ffn_{gate,up,down}_shexp` + `ffn_gate_inp_shexp`).
+
+    Routing is llama.cpp's for qwen2moe/qwen3moe/qwen35moe/qwen3next: softmax, top `n_used`, the
+    selected probabilities always renormalised and never scaled (llama.cpp hard-codes this for
+    these architectures, whatever `expert_weights_norm` / `expert_weights_scale` say).
+    """
+    router = w.matrix(prefix + "ffn_gate_inp.weight")
+    if router.rows != n_expert:
+        raise GGUFError(f"{w.gguf.path}: {prefix}ffn_gate_inp routes to {router.rows} experts, expected {n_expert}")
+    if w.has(prefix + "ffn_gate_up_exps.weight"):
+        gate, up = w.experts(prefix + "ffn_gate_up_exps.weight", n_expert), None
+    else:
+        gate = w.experts(prefix + "ffn_gate_exps.weight", n_expert)
+        up = w.experts(prefix + "ffn_up_exps.weight", n_expert)
+    down = w.experts(prefix + "ffn_down_exps.weight", n_expert)
+    shared: dict[str, hk.QMatrix] = {}
+    if w.has(prefix + "ffn_up_shexp.weight"):
+        shared = {f"shared_{part}": w.matrix(prefix + f"ffn_{part}_shexp.weight") for part in ("gate", "up", "down")}
+        if w.has(prefix + "ffn_gate_inp_shexp.weight"):
+            shared["shared_gate_inp"] = w.matrix(prefix + "ffn_gate_inp_shexp.weight")
+    try:
+        return hk.MoeFfn(router, gate, up, down, n_used, True, 0.0, **shared)
+    except ValueError as exc:
+        raise GGUFError(f"{w.gguf.path}: block {prefix!r}: {exc}") from None
