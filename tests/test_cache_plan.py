@@ -267,23 +267,29 @@ def ev(position: int, kind: CheckpointKind, turn: int, nbytes: int = 10, owner: 
     return EvictionCandidate(owner, position, kind, nbytes, turn)
 
 
-def test_eviction_keeps_the_newest_turns_boundaries() -> None:
+def test_eviction_order_within_a_tier() -> None:
     mk, end, iv = CheckpointKind.MESSAGE_START, CheckpointKind.PROMPT_END, CheckpointKind.INTERVAL
     items = [ev(10, mk, 1), ev(20, end, 1), ev(30, mk, 2), ev(40, iv, 2), ev(45, end, 2), ev(60, mk, 3), ev(70, end, 3)]
-    assert choose_evictions(items, budget=70) == []
-    dropped = choose_evictions(items, budget=40)  # 3 of 7 go: turn 1 first, then turn 2's interval
+    assert choose_evictions(items, budget=70, keep_head=0, keep_tail=0) == []
+    dropped = choose_evictions(items, budget=40, keep_head=0, keep_tail=0)  # older turns first, intervals first
     assert [(d.turn, d.position) for d in dropped] == [(1, 10), (1, 20), (2, 40)]
     assert len(choose_evictions(items, budget=0)) == len(items)
 
 
-def test_eviction_scenario_18_a_long_conversation_stays_within_budget() -> None:
+def test_eviction_keeps_both_ends_of_a_long_history() -> None:
+    # scenario 18, a 20-turn conversation under a budget of 6 checkpoints: the start (the end of the
+    # shared system prompt) and the newest turns stay, the middle goes
     mk, end = CheckpointKind.MESSAGE_START, CheckpointKind.PROMPT_END
     items: list[EvictionCandidate] = []
     for turn in range(1, 21):
         items += [ev(turn * 100, mk, turn), ev(turn * 100 + 50, end, turn)]
-        items = [i for i in items if i not in choose_evictions(items, budget=40)]
-        assert sum(i.nbytes for i in items) <= 40
-    assert [(i.turn, i.kind) for i in items] == [(19, mk), (19, end), (20, mk), (20, end)]
+        items = [i for i in items if i not in choose_evictions(items, budget=60, keep_head=2, keep_tail=4)]
+        assert sum(i.nbytes for i in items) <= 60
+    assert [i.position for i in items] == [100, 150, 1900, 1950, 2000, 2050]
+    # ends are per slot: only slot 1's middle checkpoint is unprotected among the oldest turn's
+    other = [ev(5, mk, 1, owner=1), ev(500, mk, 1, owner=1), ev(900, end, 1, owner=1)]
+    dropped = choose_evictions(items + other, budget=80, keep_head=1, keep_tail=1)
+    assert [(d.owner, d.position) for d in dropped] == [(1, 500)]
 
 
 # --- store subsumption ---------------------------------------------------------------------------

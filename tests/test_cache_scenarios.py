@@ -108,7 +108,7 @@ def chat(n_turns: int, *, system: str = SYSTEM, users: Sequence[str] = USERS) ->
     return messages
 
 
-KINDS = ["qwen35", "mamba2", "llama", "gemma3"]
+KINDS = ["qwen35", "mamba2", "llama", "gemma3", "gemma3-ring"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -117,11 +117,13 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     tmp = tmp_path_factory.mktemp(f"cache-{kind}")
     template = tmp / "template.jinja"
     template.write_text(make_models.CHAT_TEMPLATE)
-    if kind == "gemma3":
+    if kind.startswith("gemma3"):
         model_arg = "default"
     else:
         model_arg = str(make_models.write_model(tmp / f"{kind}.gguf", kind, qtype="q8_0"))
     args = ["--model", model_arg, "--chat-template", str(template), "--parallel", "1", "--ctx-size", "2048"]
+    if kind == "gemma3-ring":  # sliding-window layers as ring buffers, resumed from window checkpoints
+        args += ["--swa-cache", "ring"]
     metrics_port = free_port()
     args += ["--threads", "2", "--prompt-chunk", "32", "--checkpoint-interval", "64"]
     args += ["--metrics-port", str(metrics_port)]

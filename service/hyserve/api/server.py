@@ -73,6 +73,7 @@ class ServeConfig:
     checkpoint_interval: int = 1024
     cache_memory_mib: int = 2048
     metrics_port: int | None = None
+    swa_cache: str = "full"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -91,6 +92,7 @@ class ServeConfig:
             checkpoint_interval=args.checkpoint_interval,
             cache_memory_mib=args.cache_memory,
             metrics_port=args.metrics_port,
+            swa_cache=args.swa_cache,
             drain_seconds=args.drain_seconds,
         )
 
@@ -119,6 +121,12 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "--cache-memory", type=int, default=2048, metavar="MIB", help="host-memory prefix store budget (0: off)"
     )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
+    p.add_argument(
+        "--swa-cache",
+        choices=("full", "ring"),
+        default="full",
+        help="sliding-window layers: full cache (resume anywhere) or ring buffer + window checkpoints (less memory)",
+    )
     p.set_defaults(func=run_serve)
     return p
 
@@ -195,6 +203,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
             checkpoint_memory=config.checkpoint_memory_mib << 20,
             checkpoint_interval=config.checkpoint_interval,
             cache_memory=config.cache_memory_mib << 20,
+            window_ring=config.swa_cache == "ring",
         ),
     )
     engine.start()

@@ -289,16 +289,26 @@ class EvictionCandidate:
     turn: int  # admission number of the task that created it (larger = newer)
 
 
-def choose_evictions(items: Sequence[EvictionCandidate], budget: int) -> list[EvictionCandidate]:
+def choose_evictions(
+    items: Sequence[EvictionCandidate], budget: int, keep_head: int = 3, keep_tail: int = 8
+) -> list[EvictionCandidate]:
     """The checkpoints to drop so that the rest fit in `budget` bytes.
 
-    Older turns go first, so the boundaries of the newest turns stay; within a turn interval
-    checkpoints go before message boundaries, client-requested ones and the prompt end, and
-    earlier positions before later ones (a later checkpoint saves more work).
+    Each slot's first `keep_head` positions (the end of a shared system prompt: every new
+    conversation of the same agent resumes there) and last `keep_tail` positions (the newest
+    messages: appends, edits of the last message, regenerates) are kept longest; the middle of a
+    long history goes first. Within each of those two tiers older turns go first, interval
+    checkpoints before message boundaries, client-requested ones and prompt ends, and earlier
+    positions before later ones.
     """
+    ends: set[tuple[int, int]] = set()
+    for owner in {i.owner for i in items}:
+        positions = sorted(i.position for i in items if i.owner == owner)
+        ends.update((owner, p) for p in positions[:keep_head] + positions[len(positions) - keep_tail :])
     total = sum(i.nbytes for i in items)
     out: list[EvictionCandidate] = []
-    for item in sorted(items, key=lambda i: (i.turn, _KIND_RANK[i.kind], i.position)):
+    order = sorted(items, key=lambda i: ((i.owner, i.position) in ends, i.turn, _KIND_RANK[i.kind], i.position))
+    for item in order:
         if total <= budget:
             break
         out.append(item)

@@ -98,6 +98,7 @@ class EngineConfig:
     checkpoint_memory: int = 1 << 30  # bytes for all slots' checkpoints
     checkpoint_interval: int = 1024  # also checkpoint every this many tokens of a long prompt (0: off)
     cache_memory: int = 2 << 30  # bytes of the host-memory prefix store (0: off)
+    window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
 
     def __post_init__(self) -> None:
         if self.n_slots < 1:
@@ -190,9 +191,9 @@ class EngineStats:
 
 
 def memory_kind(memory: SequenceMemory) -> MemoryKind:
-    if not memory.recurrent:
-        return MemoryKind.ATTENTION
-    return MemoryKind.HYBRID if memory.has_attention else MemoryKind.RECURRENT
+    if memory.recurrent:
+        return MemoryKind.HYBRID if memory.has_attention else MemoryKind.RECURRENT
+    return MemoryKind.SLIDING_WINDOW if memory.rings else MemoryKind.ATTENTION
 
 
 class Slot:
@@ -315,7 +316,7 @@ class Engine:
         self.arch = arch
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
-        self.slots = [Slot(i, arch.new_memory(self.config.n_ctx)) for i in range(self.config.n_slots)]
+        self.slots = [Slot(i, self._new_memory()) for i in range(self.config.n_slots)]
         self.store = PrefixStore(self.config.cache_memory)  # engine thread only
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -331,6 +332,12 @@ class Engine:
         # engine thread only:
         self._admissions = 0
         self._thread: threading.Thread | None = None
+
+    def _new_memory(self) -> SequenceMemory:
+        memory = self.arch.new_memory(self.config.n_ctx)
+        if self.config.window_ring:
+            memory.use_window_rings(self.arch.sliding_windows(), self.config.prompt_chunk)
+        return memory
 
     # --- API side (any thread) -------------------------------------------------------------------
 
@@ -583,7 +590,10 @@ class Engine:
         if not self.store.enabled or not slot.tokens:
             return
         entry = StoredSequence(
-            tuple(slot.tokens), slot.memory.export(), CheckpointList(list(slot.checkpoints)), slot.memory.live_floor
+            tuple(slot.tokens),
+            slot.memory.export(),
+            CheckpointList(list(slot.checkpoints)),
+            0 if slot.memory.truncatable else len(slot.tokens),  # the image keeps only the end's state
         )
         stored, evicted = self.store.put(entry)
         self._count(prefix_store_evicted=evicted)

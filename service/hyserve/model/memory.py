@@ -8,7 +8,7 @@ describes exactly `n_tokens` tokens, so it can only be reset, or replaced by a s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,59 @@ class KVCache:
         """K and V for positions < end as uint16 views (what the attention kernel reads)."""
         return self.k[:end].view(np.uint16), self.v[:end].view(np.uint16)
 
+    def attention_view(self, start: int, end: int, window: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(K bits, V bits, position of index 0) for queries at positions start..end-1."""
+        k, v = self.bits_until(end)
+        return k, v, 0
+
+
+def window_base(n: int, window: int) -> int:
+    """First cache position a query at position n can see, rounded down to a multiple of 8: the
+    attention kernel groups keys by 8 from position 0, so a view must start on a group edge to
+    give the same bits as the full cache."""
+    return max(0, n - window + 1) // 8 * 8
+
+
+class WindowCache:
+    """A sliding-window layer's K/V as a ring of `capacity` positions (position p at p % capacity).
+
+    Holds the last `capacity` positions written; a forward of up to `capacity - window - 8` tokens
+    finds every key it needs. Resuming further back needs a window checkpoint (`window_copy`).
+    """
+
+    def __init__(self, capacity: int, window: int, n_kv_heads: int, head_dim: int) -> None:
+        if capacity % 8 or capacity < window + 16:
+            raise ValueError(f"ring capacity {capacity} must be a multiple of 8 and >= window + 16")
+        self.capacity, self.window = capacity, window
+        self.k = np.zeros((capacity, n_kv_heads, head_dim), dtype=np.float16)
+        self.v = np.zeros((capacity, n_kv_heads, head_dim), dtype=np.float16)
+
+    def write(self, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        if len(k) > self.capacity:
+            raise ValueError(f"{len(k)} positions do not fit a ring of {self.capacity}")
+        idx = np.arange(start, start + len(k)) % self.capacity
+        self.k[idx] = k
+        self.v[idx] = v
+
+    def read(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of positions start..end-1, in order (a view when they do not wrap)."""
+        s = start % self.capacity
+        if s + (end - start) <= self.capacity:
+            return self.k[s : s + end - start], self.v[s : s + end - start]
+        idx = np.arange(start, end) % self.capacity
+        return self.k[idx], self.v[idx]
+
+    def attention_view(self, start: int, end: int, window: int) -> tuple[np.ndarray, np.ndarray, int]:
+        base = window_base(start, window)
+        k, v = self.read(base, end)
+        return k.view(np.uint16), v.view(np.uint16), base
+
+    def window_copy(self, n: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """(first position, K, V) of what a query at position n needs: the state to resume at n."""
+        base = window_base(n, self.window)
+        k, v = self.read(base, n)
+        return base, k.copy(), v.copy()
+
 
 class RecurrentState:
     """One recurrent layer's state: the last K-1 raw conv inputs and the SSM/delta state (f32)."""
@@ -51,14 +104,18 @@ class RecurrentState:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A copy of the non-truncatable part of a memory after exactly `n_tokens` tokens."""
+    """A copy of the non-truncatable part of a memory after exactly `n_tokens` tokens: recurrent
+    states, and for ring-buffer window layers the keys/values a next token can see."""
 
     n_tokens: int
     states: dict[int, tuple[np.ndarray, np.ndarray]]
+    windows: dict[int, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes + s.nbytes for c, s in self.states.values())
+        return sum(c.nbytes + s.nbytes for c, s in self.states.values()) + sum(
+            k.nbytes + v.nbytes for _, k, v in self.windows.values()
+        )
 
 
 @dataclass(frozen=True)
@@ -75,21 +132,52 @@ class MemoryImage:
 
 
 class SequenceMemory:
-    def __init__(self, n_ctx: int, kv: dict[int, KVCache], recurrent: dict[int, RecurrentState] | None = None) -> None:
+    def __init__(
+        self, n_ctx: int, kv: dict[int, KVCache | WindowCache], recurrent: dict[int, RecurrentState] | None = None
+    ) -> None:
         self.n_ctx = n_ctx
         self.kv = kv
         self.recurrent = recurrent or {}
         self.n_tokens = 0
+        self.ring_valid_from = 0  # ring layers hold correct entries for positions >= this (up to n_tokens)
+
+    @property
+    def rings(self) -> dict[int, WindowCache]:
+        return {il: c for il, c in self.kv.items() if isinstance(c, WindowCache)}
+
+    def use_window_rings(self, windows: dict[int, int], max_batch: int) -> None:
+        """Keep the given sliding-window layers (layer -> window) as rings instead of full caches,
+        sized for forwards of up to `max_batch` tokens."""
+        for il, window in windows.items():
+            old = self.kv[il]
+            capacity = -(-(window + max_batch + 8) // 8) * 8
+            if window <= 0 or capacity >= self.n_ctx:
+                continue  # a ring would not be smaller
+            self.kv[il] = WindowCache(capacity, window, old.k.shape[1], old.k.shape[2])
 
     @property
     def truncatable(self) -> bool:
-        """True when any prefix can be resumed by truncation (no recurrent state)."""
-        return not self.recurrent
+        """True when any prefix can be resumed by truncation (no recurrent state, no ring)."""
+        return not self.recurrent and not self.rings
 
     @property
     def live_floor(self) -> int:
         """The smallest n that `truncate(n)` reaches exactly (besides 0, a reset)."""
-        return 0 if not self.recurrent else self.n_tokens
+        if self.recurrent:
+            return self.n_tokens
+        rings = self.rings
+        if not rings or self.ring_valid_from == 0:
+            return 0
+        window = max(r.window for r in rings.values())
+        first = -(-self.ring_valid_from // 8) * 8  # window_base(n) >= valid_from
+        return min(self.n_tokens, first + window - 1)
+
+    def note_written(self, end: int) -> None:
+        """After a forward wrote positions up to `end`: older ring entries were overwritten."""
+        rings = self.rings
+        if rings:
+            capacity = min(r.capacity for r in rings.values())
+            self.ring_valid_from = max(self.ring_valid_from, end - capacity)
 
     @property
     def has_attention(self) -> bool:
@@ -98,7 +186,7 @@ class SequenceMemory:
     def export(self) -> MemoryImage:
         """A copy of everything this memory holds (KV entries up to n_tokens + the recurrent state)."""
         n = self.n_tokens
-        kv = {il: (c.k[:n].copy(), c.v[:n].copy()) for il, c in self.kv.items()}
+        kv = {il: (c.k[:n].copy(), c.v[:n].copy()) for il, c in self.kv.items() if isinstance(c, KVCache)}
         return MemoryImage(n, kv, self.snapshot())
 
     def load(self, image: MemoryImage, n: int, snap: Snapshot | None = None) -> None:
@@ -107,15 +195,17 @@ class SequenceMemory:
         if not 0 <= n <= min(image.n_tokens, self.n_ctx):
             raise ValueError(f"cannot load {n} tokens from an image of {image.n_tokens} (context {self.n_ctx})")
         state = snap if snap is not None else image.live
-        if self.recurrent and state.n_tokens != n:
-            raise ValueError(f"recurrent state of {state.n_tokens} tokens cannot resume at {n}")
+        if not self.truncatable and state.n_tokens != n:
+            raise ValueError(f"a state of {state.n_tokens} tokens cannot resume at {n}")
         for il, (k, v) in image.kv.items():
             self.kv[il].write(0, k[:n], v[:n])
         self._put_states(state)
         self.n_tokens = n
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.n_tokens, {il: (st.conv.copy(), st.ssm.copy()) for il, st in self.recurrent.items()})
+        n = self.n_tokens
+        states = {il: (st.conv.copy(), st.ssm.copy()) for il, st in self.recurrent.items()}
+        return Snapshot(n, states, {il: ring.window_copy(n) for il, ring in self.rings.items()})
 
     def restore(self, snap: Snapshot) -> None:
         """Put back the recurrent state after `snap.n_tokens` tokens; the KV cache is truncated to it
@@ -129,6 +219,11 @@ class SequenceMemory:
         for il, (conv, ssm) in snap.states.items():
             self.recurrent[il].conv[...] = conv
             self.recurrent[il].ssm[...] = ssm
+        rings = self.rings
+        for il, (base, k, v) in snap.windows.items():
+            rings[il].write(base, k, v)
+        if snap.windows:
+            self.ring_valid_from = min(base for base, _, _ in snap.windows.values())
 
     def check_room(self, n_new: int) -> None:
         if self.n_tokens + n_new > self.n_ctx:
@@ -136,14 +231,16 @@ class SequenceMemory:
 
     def truncate(self, n: int) -> None:
         """Forget every token from position n on (attention caches only need the count). Recurrent
-        memory can only be truncated to its full length or to 0 (a reset)."""
+        memory can only be truncated to its full length or to 0 (a reset); ring-buffer window
+        layers to `live_floor` at the lowest."""
         if not 0 <= n <= self.n_tokens:
             raise ValueError(f"cannot truncate {self.n_tokens} tokens to {n}")
-        if self.recurrent and 0 < n < self.n_tokens:
-            raise ValueError(f"recurrent state cannot go back from {self.n_tokens} to {n} tokens without a snapshot")
+        if 0 < n < self.live_floor:
+            raise ValueError(f"cannot go back from {self.n_tokens} to {n} tokens without a snapshot")
         if n == 0:
             for state in self.recurrent.values():
                 state.reset()
+            self.ring_valid_from = 0
         self.n_tokens = n
 
     def clear(self) -> None:

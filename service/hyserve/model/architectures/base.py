@@ -41,6 +41,10 @@ class Architecture(ABC):
     @abstractmethod
     def new_memory(self, n_ctx: int) -> SequenceMemory: ...
 
+    def sliding_windows(self) -> dict[int, int]:
+        """Sliding-window attention layers (layer -> window), which memory may keep as rings."""
+        return {}
+
     def forward(self, segments: Sequence[Segment], cancel: CancelFlag | None = None) -> list[np.ndarray | None]:
         """Evaluate every segment in one batch. Returns per segment the logits requested
         (LAST: shape [n_vocab], ALL: [len(tokens), n_vocab], NONE: None) and advances each memory.

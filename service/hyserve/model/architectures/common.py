@@ -8,6 +8,7 @@ import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.model.architectures.base import Segment, logit_rows, split_logits
+from hyserve.model.memory import RecurrentState, SequenceMemory
 
 
 def attend(
@@ -32,9 +33,12 @@ def attend(
             continue
         cache = seg.memory.kv[layer]
         start = seg.memory.n_tokens
+        end = start + (span.stop - span.start)
         cache.write(start, k[span], v[span])
-        k_bits, v_bits = cache.bits_until(start + (span.stop - span.start))
-        a = hk.attention(q[span], k_bits, v_bits, positions[span], window, kq_scale)
+        # a ring-buffer window cache hands over its keys from `base` on: positions shift with them
+        k_bits, v_bits, base = cache.attention_view(start, end, window)
+        pos = positions[span] if base == 0 else positions[span] - base
+        a = hk.attention(q[span], k_bits, v_bits, pos, window, kq_scale)
         out[span] = a.reshape(span.stop - span.start, -1)
     return out
 
@@ -43,6 +47,7 @@ def advance(segments: Sequence[Segment]) -> None:
     """Commit the evaluated tokens to each memory (after the whole forward succeeded)."""
     for seg in segments:
         seg.memory.n_tokens += len(seg.tokens)
+        seg.memory.note_written(seg.memory.n_tokens)
 
 
 def output_logits(
@@ -64,20 +69,65 @@ def output_logits(
     return split_logits(segments, spans, logits)
 
 
-RecurrentCopies = dict[int, dict[int, tuple[np.ndarray, np.ndarray]]]
+class WorkingStates:
+    """The recurrent states a forward call produces, kept apart from the memories' own until the
+    whole call succeeded (I1). A layer's kernels read the memory's (conv, ssm) states and write the
+    new ones into spare buffers (`new_state=`); `commit_states` swaps those in. The replaced arrays
+    become the spare buffers of later calls, so a forward neither copies nor allocates states, and
+    a call that raises leaves every memory's arrays as they were."""
+
+    def __init__(self) -> None:
+        # (id(memory), layer) -> (state object, new conv, new ssm)
+        self._new: dict[tuple[int, int], tuple[RecurrentState, np.ndarray, np.ndarray]] = {}
+        self._dropped: list[np.ndarray] = []
+
+    def layer(self, memory: SequenceMemory, il: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(conv, ssm, new_conv, new_ssm) for `memory`'s recurrent layer `il`: the states to continue
+        from (read only) and the buffers to write the updated ones to."""
+        key = (id(memory), il)
+        st = memory.recurrent[il]
+        got = self._new.get(key)
+        if got is None:
+            conv, ssm = st.conv, st.ssm
+        else:  # the same memory twice in one call: continue from its first update
+            conv, ssm = got[1], got[2]
+            self._dropped += [conv, ssm]
+        new_conv, new_ssm = _spare(conv), _spare(ssm)
+        self._new[key] = (st, new_conv, new_ssm)
+        return conv, ssm, new_conv, new_ssm
+
+    def commit(self) -> None:
+        spare = self._dropped
+        for st, conv, ssm in self._new.values():
+            spare += [st.conv, st.ssm]
+            st.conv, st.ssm = conv, ssm
+        for a in spare:
+            _SPARE.setdefault(_spare_key(a), []).append(a)
+        self._new, self._dropped = {}, []
 
 
-def working_states(segments: Sequence[Segment]) -> RecurrentCopies:
-    """Copies of every segment's recurrent states (by id(memory), then layer) for a forward call to
-    update; `commit_states` writes them back only once the whole call succeeded (I1)."""
-    return {
-        id(seg.memory): {il: (st.conv.copy(), st.ssm.copy()) for il, st in seg.memory.recurrent.items()}
-        for seg in segments
-    }
+# Spare state buffers by (shape, dtype): the arrays replaced by the last commits. list.pop/append
+# are atomic, so concurrent forward calls (on different memories) can share them.
+_SPARE: dict[tuple, list[np.ndarray]] = {}
 
 
-def commit_states(segments: Sequence[Segment], states: RecurrentCopies) -> None:
-    for seg in segments:
-        for il, (conv, ssm) in states[id(seg.memory)].items():
-            seg.memory.recurrent[il].conv[...] = conv
-            seg.memory.recurrent[il].ssm[...] = ssm
+def _spare_key(a: np.ndarray) -> tuple:
+    return a.shape, a.dtype
+
+
+def _spare(like: np.ndarray) -> np.ndarray:
+    try:
+        return _SPARE[_spare_key(like)].pop()
+    except (KeyError, IndexError):
+        return np.empty_like(like)
+
+
+def working_states(segments: Sequence[Segment]) -> WorkingStates:
+    """Working copies of the segments' recurrent states for a forward call to update (by memory and
+    layer: `states.layer(memory, il)`); `commit_states` puts them in only once the whole call
+    succeeded (I1)."""
+    return WorkingStates()
+
+
+def commit_states(segments: Sequence[Segment], states: WorkingStates) -> None:
+    states.commit()

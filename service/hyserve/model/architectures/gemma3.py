@@ -99,6 +99,9 @@ class Gemma3(Architecture):
                 )
             )
 
+    def sliding_windows(self) -> dict[int, int]:
+        return {il: L.window for il, L in enumerate(self.layers) if L.window > 0}
+
     def new_memory(self, n_ctx: int) -> SequenceMemory:
         return SequenceMemory(n_ctx, {il: KVCache(n_ctx, self.n_kv, self.head_dim) for il in range(self.n_layer)})
 

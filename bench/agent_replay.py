@@ -1,0 +1,286 @@
+"""Agent replay: multi-turn agent conversations against the running service, prompt tokens processed
+against the minimum that had to be processed.
+
+Starts `hyserve serve --parallel 1` on a model and replays scripted agent sessions (the assistant
+turns are recorded ones, as when a client replays a transcript; the model still generates each
+turn's answer):
+
+- `agent_append`: a tool loop, each turn appends the assistant's tool call (with its reasoning)
+  and the tool's result;
+- `reasoning_stripped`: a chat whose template drops the reasoning of assistant turns once a new
+  user message arrives (Qwen3.5 style), so each new prompt diverges inside the previous one;
+- `edit_last_user`: the last user message is rewritten, twice;
+- `regenerate`: the same conversation is sent again, twice;
+- `interleaved`: two conversations take turns on the one slot.
+
+For every request: tokens processed (Finished.usage) and the minimum = prompt length minus its
+longest common prefix with any sequence the server evaluated before (earlier prompts plus their
+generated tokens), 0 for an exact resend of an earlier prompt. Prompts are tokenized in-process
+with the server's own template and tokenizer code. Prints JSON and writes JSON + PNG.
+
+    python bench/agent_replay.py [--model default|PATH] [--name NAME] [--gen 8] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from fixtures.make_models import CHAT_TEMPLATE
+from server_process import running_server
+
+from hyserve.api.validation import prompt_tokens
+from hyserve.engine.cache_plan import common_prefix_len
+from hyserve.model.loader import LoadedModel, load_model
+from hyserve_client import Accepted, Delta, Finished, HyserveClient, build_generate_request
+
+Message = dict[str, Any]
+
+SYSTEM = (
+    "You are a coding agent working in a Python repository. You can call these tools by writing "
+    "<tool_call>{json}</tool_call>:\n"
+    '{"name": "list_files", "description": "List the files under a directory", "parameters": {"path": "string"}}\n'
+    '{"name": "read_file", "description": "Read a text file", "parameters": {"path": "string", "start": "int", '
+    '"end": "int"}}\n'
+    '{"name": "run", "description": "Run a shell command and return its output", "parameters": {"cmd": "string"}}\n'
+    "Think before each action. Keep answers short and cite file names and line numbers."
+)
+TOOL_LOOP = [
+    (
+        "I should see the layout first.",
+        '<tool_call>{"name": "list_files", "arguments": {"path": "."}}</tool_call>',
+        "README.md\npyproject.toml\nservice/hyserve/engine/engine.py\nservice/hyserve/engine/cache_plan.py\n"
+        "service/hyserve/api/server.py\ntests/test_cache_plan.py\n",
+    ),
+    (
+        "The cache logic is in cache_plan.py; read its head.",
+        '<tool_call>{"name": "read_file", "arguments": {"path": "service/hyserve/engine/cache_plan.py", "start": 1, '
+        '"end": 40}}</tool_call>',
+        '"""Prompt-cache decisions as plain functions of state: no model, no memory, no threads.\n\nplan_resume picks '
+        "where a prompt resumes on one cached sequence, plan_admissions picks the slot ...\n",
+    ),
+    (
+        "Now run its tests.",
+        '<tool_call>{"name": "run", "arguments": {"cmd": "pytest -q tests/test_cache_plan.py"}}</tool_call>',
+        "..................................                 [100%]\n34 passed in 1.76s\n",
+    ),
+    (
+        "Check the engine's use of it.",
+        '<tool_call>{"name": "run", "arguments": {"cmd": "grep -n plan_admissions '
+        'service/hyserve/engine/engine.py"}}</tool_call>',
+        "44:    plan_admissions,\n468:            plan = "
+        "plan_admissions([(t.prompt, t.cache_prompt) for t in queued], ...)\n",
+    ),
+]
+# First words differ: on recurrent models two user messages that begin alike diverge inside the text,
+# where no checkpoint exists (see README: the shared words are processed again).
+QUESTIONS = [
+    "Where does the server decide which slot a request goes to? Point me at the function.",
+    "How are checkpoints evicted when the budget is exceeded? Summarise the order.",
+    "Explain what happens to a slot's state when another conversation takes the slot over.",
+    "Is there a test that proves the cache never changes an answer? How many examples does it run?",
+]
+ANSWERS = [
+    "In cache_plan.plan_admissions: it compares the resume point on every free slot and store entry.",
+    "choose_evictions drops older turns first, interval checkpoints before message boundaries.",
+    "Engine._stash copies it to the prefix store, keyed by its tokens, before the slot is reused.",
+    "Yes: tests/test_cache_transparency.py runs 500 hypothesis examples against a cache-free engine.",
+]
+
+
+def tool_loop(turns: int) -> list[list[Message]]:
+    convo: list[Message] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
+    out = [list(convo)]
+    for reasoning, call, result in TOOL_LOOP[:turns]:
+        convo += [
+            {"role": "assistant", "content": call, "reasoning_content": reasoning},
+            {"role": "tool", "content": result},
+        ]
+        out.append(list(convo))
+    return out
+
+
+def chat_turns(questions: Sequence[str], system: str = SYSTEM) -> list[list[Message]]:
+    convo: list[Message] = [{"role": "system", "content": system}]
+    out = []
+    for i, q in enumerate(questions):
+        if i:
+            convo.append({"role": "assistant", "content": ANSWERS[i - 1], "reasoning_content": f"Step {i}: check."})
+        convo.append({"role": "user", "content": q})
+        out.append(list(convo))
+    return out
+
+
+def rotated(k: int, n: int = 3) -> list[str]:
+    return [QUESTIONS[(k + i) % len(QUESTIONS)] for i in range(n)]
+
+
+def scenarios() -> dict[str, list[list[Message]]]:
+    """Each scenario opens with its own question order (same agent, same system prompt)."""
+    chat3 = chat_turns(rotated(1))
+    edited = [
+        [*chat3[-1][:-1], {"role": "user", "content": "Actually, first explain what a checkpoint holds and why."}],
+        [*chat3[-1][:-1], {"role": "user", "content": "Never mind; list the gRPC status codes the server uses."}],
+    ]
+    again = chat_turns(rotated(2))
+    a = chat_turns(rotated(3))
+    b = chat_turns(["List the RPCs the service defines; which one streams?", QUESTIONS[2], QUESTIONS[0]])
+    return {
+        "agent_append": tool_loop(4),
+        "reasoning_stripped": chat_turns(QUESTIONS),
+        "edit_last_user": [*chat3, *edited],
+        "regenerate": [*again, again[-1], again[-1]],
+        "interleaved": [m for pair in zip(a, b) for m in pair],
+    }
+
+
+class Ledger:
+    """What the server has evaluated so far, to compute each prompt's minimum."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self.evaluated: list[list[int]] = []
+        self.prompts: list[list[int]] = []
+
+    def tokens(self, messages: list[Message]) -> list[int]:
+        ids, _ = prompt_tokens(
+            build_generate_request(messages=messages), self.model.tokenizer, self.model.chat_template
+        )
+        return ids
+
+    def minimum(self, prompt: list[int]) -> int:
+        if prompt in self.prompts:
+            return 0
+        seen = max((common_prefix_len(prompt, e) for e in self.evaluated), default=0)
+        return len(prompt) - min(seen, len(prompt) - 1)
+
+    def record(self, prompt: list[int], generated: list[int]) -> None:
+        self.evaluated.append(prompt + generated[:-1])
+        self.prompts.append(prompt)
+
+
+def replay(target: str, ledger: Ledger, gen: int) -> list[dict]:
+    rows = []
+    with HyserveClient(target) as client:
+        for name, requests in scenarios().items():
+            for turn, messages in enumerate(requests, 1):
+                prompt = ledger.tokens(messages)
+                minimum = ledger.minimum(prompt)
+                start = time.perf_counter()
+                events = list(client.generate(messages=messages, max_tokens=gen, ignore_eos=True))
+                seconds = time.perf_counter() - start
+                accepted, finished = events[0], events[-1]
+                assert isinstance(accepted, Accepted) and isinstance(finished, Finished)
+                assert accepted.prompt_tokens == len(prompt), "client and server tokenize alike"
+                generated = [t for e in events if isinstance(e, Delta) for t in e.token_ids]
+                ledger.record(prompt, generated)
+                processed = finished.usage.processed_prompt_tokens
+                rows.append(
+                    {
+                        "scenario": name,
+                        "turn": turn,
+                        "prompt_tokens": len(prompt),
+                        "reused": accepted.reused_tokens,
+                        "source": accepted.reuse_source.value,
+                        "processed": processed,
+                        "minimum": minimum,
+                        "ratio": processed / minimum if minimum else (1.0 if processed == 0 else float("inf")),
+                        "request_s": round(seconds, 3),
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def summarise(rows: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for name in dict.fromkeys(r["scenario"] for r in rows):
+        sel = [r for r in rows if r["scenario"] == name]
+        processed, minimum = sum(r["processed"] for r in sel), sum(r["minimum"] for r in sel)
+        out[name] = {
+            "requests": len(sel),
+            "prompt_tokens": sum(r["prompt_tokens"] for r in sel),
+            "processed": processed,
+            "minimum": minimum,
+            "processed_over_minimum": processed / minimum if minimum else 1.0,
+            "worst_turn_ratio": max(r["ratio"] for r in sel),
+        }
+    return out
+
+
+def draw(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["scenarios"])
+    s = result["scenarios"]
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.bar([i - 0.2 for i in x], [s[n]["prompt_tokens"] for n in names], 0.2, label="prompt tokens sent")
+    ax.bar(list(x), [s[n]["minimum"] for n in names], 0.2, label="minimum to process")
+    ax.bar([i + 0.2 for i in x], [s[n]["processed"] for n in names], 0.2, label="processed by hyserve")
+    for i, n in enumerate(names):
+        ax.text(i + 0.2, s[n]["processed"], f"{s[n]['processed_over_minimum']:.2f}x", ha="center", va="bottom")
+    ax.set_xticks(list(x), names, rotation=15)
+    ax.set_ylabel("tokens")
+    ax.set_title(f"agent replay on {result['model']}: processed / minimum")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--name", default="agent_replay_gemma3_270m", help="output file name (without extension)")
+    ap.add_argument("--gen", type=int, default=8, help="tokens generated per request")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        template = Path(tmp) / "template.jinja"  # Qwen3.5-style: drops earlier reasoning
+        template.write_text(CHAT_TEMPLATE)
+        model = load_model(args.model, template)
+        server_args = ["--model", args.model, "--chat-template", str(template), "--parallel", "1"]
+        server_args += ["--ctx-size", "4096", "--threads", str(args.threads)]
+        start = time.perf_counter()
+        with running_server(Path(tmp) / "server.log", *server_args) as target:
+            rows = replay(target, Ledger(model), args.gen)
+            with HyserveClient(target) as client:
+                stats = client.cache_stats()
+        wall = time.perf_counter() - start
+    result = {
+        "model": f"{model.gguf.architecture} {model.path.name}",
+        "threads": args.threads,
+        "gen_tokens_per_request": args.gen,
+        "wall_s": round(wall, 1),
+        "scenarios": summarise(rows),
+        "total": summarise([{**r, "scenario": "all"} for r in rows])["all"],
+        "counters": {
+            "restores": stats.counters.restores,
+            "checkpoints_created": stats.counters.checkpoints_created,
+            "checkpoints_evicted": stats.counters.checkpoints_evicted,
+            "prefix_store_hits": stats.counters.prefix_store_hits,
+            "reprocessed_tokens_by_reason": stats.counters.reprocessed_tokens_by_reason,
+            "full_reprocess_by_reason": stats.counters.full_reprocess_by_reason,
+        },
+        "turns": rows,
+    }
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    draw(result, args.out / f"{args.name}.png")
+    print(json.dumps({k: v for k, v in result.items() if k != "turns"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
