@@ -337,3 +337,13 @@ def test_prometheus_endpoint_reports_the_cache_stats_numbers(served: Served) -> 
         assert samples[("hyserve_full_reprocess_total", (("reason", reason),))] == n
     assert samples[("hyserve_slot_cached_tokens", (("slot", "0"),))] == s.slots[0].cached_tokens
     assert samples[("hyserve_num_requests_running", ())] == 0
+
+
+def test_bad_cache_options_are_rejected_and_change_nothing(served: Served) -> None:
+    before = stats(served.target)
+    with HyserveClient(served.target) as client, pytest.raises(HyserveError) as info:
+        list(client.generate(messages=chat(1), max_tokens=GEN, checkpoint_offsets=[0]))
+    assert info.value.code is grpc.StatusCode.INVALID_ARGUMENT and "checkpoint_offsets" in info.value.details
+    after = stats(served.target)
+    assert after.counters == before.counters and after.slots == before.slots
+    assert after.prefix_store == before.prefix_store
