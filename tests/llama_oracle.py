@@ -4,13 +4,21 @@ token sequence, with the CPU settings pinned so the reference is reproducible:
 - flash attention off (the F16 KV-cache path with tinyBLAS products);
 - `repack`: llama.cpp's AVX2 weight repacking (on by default in llama.cpp) interleaves Q4_K/Q5_K/
   Q6_K rows into 8-row tiles whose kernels sum in a different float order than its plain
-  `vec_dot` kernels. Off, llama.cpp's matmuls use the same order as hyserve's kernels.
+  `vec_dot` kernels. Off, llama.cpp's matmuls use the same order as hyserve's kernels;
+- `GGML_CPU_TILED_MM=0`: this ggml (0.3.36) runs K-quant matmuls of >= 8 activation rows through a
+  "tiled" GEMM whose float order differs from its `vec_dot` kernels, used below 8 rows, so its
+  results depend on the batch size. hyserve is batch-invariant and follows `vec_dot` bit for bit;
+  ggml reads the switch once per process, so it is set when this module is imported, before any
+  oracle evaluates anything.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
+
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
 import numpy as np
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,10 @@ import pytest
 from hyserve.model.architectures.base import Logits, Segment
 
 APACHE = Path("/usr/share/common-licenses/Apache-2.0")
+
+# The oracle pins llama.cpp to its batch-independent vec_dot kernels (GGML_CPU_TILED_MM=0, see
+# llama_oracle.py); set here too in case this module is collected before llama_oracle is imported.
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
 
 def oracle_prompts() -> dict[str, str]:
@@ -60,9 +65,10 @@ def test_logits_agree_with_llama_cpp(gemma_model, oracle, record_property) -> No
 
     llama.cpp's own two CPU code paths (weight repacking on/off) disagree with each other at the
     level of ~5e-3 nats, because int8 activation quantization amplifies f32 summation-order
-    differences through the layers. hyserve reproduces llama.cpp's attention, RoPE, RMSNorm, GELU
-    and Q8_0/Q5_0 matmul numerics exactly; we require our distance to llama.cpp to stay within that
-    self-disagreement (and record the figures).
+    differences through the layers. hyserve reproduces llama.cpp's attention, RoPE, RMSNorm, GELU,
+    Q8_0/Q5_0 and K-quant (vec_dot) matmul numerics exactly, so against the plain path (no repack,
+    no tiled K-quant GEMM) the logits agree (measured: KL 0, top-1 100%); we require mean KL <= 1e-3
+    and top-1 >= 98% per prompt (and record the figures).
     """
     from llama_oracle import kl_per_position
 
@@ -83,8 +89,8 @@ def test_logits_agree_with_llama_cpp(gemma_model, oracle, record_property) -> No
             "llama_repack_vs_plain_top1": float((ref.argmax(-1) == ref_repacked.argmax(-1)).mean()),
         }
         np.testing.assert_array_equal(ours[0], ref[0])  # the first position is bit-identical
-        assert kl.mean() <= max(2.0 * self_kl.mean(), 2e-3), report[name]
-        assert top1 >= 0.94, report[name]
+        assert kl.mean() <= 1e-3, report[name]
+        assert top1 >= 0.98, report[name]
     print(json.dumps(report, indent=1))
     record_property("oracle", json.dumps(report))
     assert any(v["tokens"] > 700 for v in report.values())

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections.abc import Iterator
+from pathlib import Path
 
 import hyserve_kernels as hk
 import numpy as np
@@ -145,6 +148,120 @@ def test_matmul_many_equals_separate_calls(simd_path: str) -> None:
     ]
     for w, y in zip(ws, hk.matmul_many(ws, x)):
         np.testing.assert_array_equal(y, hk.matmul(w, x))
+
+
+Q8K_BYTES = 4 + 256 + 2 * 16  # block_q8_K: f32 d, 256 x i8, 16 x i16 block sums
+GGML_K_DOTS = {Q.Q4_K: "ggml_vec_dot_q4_K_q8_K", Q.Q5_K: "ggml_vec_dot_q5_K_q8_K", Q.Q6_K: "ggml_vec_dot_q6_K_q8_K"}
+
+
+@functools.cache
+def ggml_cpu() -> ctypes.CDLL | None:
+    """llama.cpp's CPU backend from the oracle wheel (llama-cpp-python), or None where it is absent
+    or does not export the K-quant dot products and the Q8_K quantizer."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    try:
+        ctypes.CDLL(str(lib / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+        cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"))
+    except OSError:
+        return None
+    if not all(hasattr(cpu, name) for name in [*GGML_K_DOTS.values(), "quantize_row_q8_K", "ggml_cpu_init"]):
+        return None
+    cpu.ggml_cpu_init()
+    cpu.quantize_row_q8_K.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for name in GGML_K_DOTS.values():
+        getattr(cpu, name).argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        getattr(cpu, name).argtypes += [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return cpu
+
+
+@pytest.fixture
+def ggml() -> ctypes.CDLL:
+    cpu = ggml_cpu()
+    if cpu is None:
+        pytest.skip("llama.cpp's CPU library (llama-cpp-python) with K-quant vec_dot symbols is not available")
+    return cpu
+
+
+def ggml_quantize_q8k(cpu: ctypes.CDLL, x: np.ndarray) -> np.ndarray:
+    """One row through llama.cpp's `quantize_row_q8_K`: raw block_q8_K bytes."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros(len(x) // 256 * Q8K_BYTES, np.uint8)
+    cpu.quantize_row_q8_K(x.ctypes.data, out.ctypes.data, len(x))
+    return out
+
+
+def ggml_matmul(cpu: ctypes.CDLL, t: GGMLQuantizationType, data: np.ndarray, rows: int, x: np.ndarray) -> np.ndarray:
+    """`x @ W.T` as llama.cpp's plain (not repacked) CPU matmul computes it: each activation row
+    quantized to Q8_K, then one `ggml_vec_dot_*_q8_K` per output."""
+    cols = x.shape[1]
+    data = np.ascontiguousarray(data)
+    row_bytes = cols // 256 * GGML_QUANT_SIZES[t][1]
+    dot, s = getattr(cpu, GGML_K_DOTS[t]), ctypes.c_float()
+    out = np.zeros((len(x), rows), np.float32)
+    for i, xr in enumerate(x):
+        yq = ggml_quantize_q8k(cpu, xr)
+        for r in range(rows):
+            dot(cols, ctypes.byref(s), 0, data.ctypes.data + r * row_bytes, 0, yq.ctypes.data, 0, 1)
+            out[i, r] = s.value
+    return out
+
+
+def k_test_activations(rng: np.random.Generator, m: int, cols: int) -> np.ndarray:
+    """Rows at very different scales, heavy-tailed (large integer lanes), one all-zero block."""
+    x = rng.standard_normal((m, cols)) * rng.random((m, cols)) ** 3 * rng.choice([1e-3, 1.0, 40.0], size=(m, 1))
+    x[0, :256] = 0.0
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("t", KQUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,m", [(37, 1), (24, 6)])
+def test_kquant_matmul_is_bit_identical_to_llama_cpp(
+    t: GGMLQuantizationType, rows: int, m: int, simd_path: str, ggml: ctypes.CDLL
+) -> None:
+    """Q4_K/Q5_K/Q6_K x Q8_K give llama.cpp's AVX2 `vec_dot` bits on both of our paths (the scalar
+    reference emulates its 8 float lanes, FMA per super-block and final reduction order), through
+    the multi-row tiles too."""
+    rng = np.random.default_rng(rows * 10 + m)
+    cols = 2048
+    data = random_weight_bytes(t, rows, cols, rng)
+    x = k_test_activations(rng, m, cols)
+    got = hk.matmul(hk.QMatrix(data, int(t), rows, cols), x)
+    ref = ggml_matmul(ggml, t, data, rows, x)
+    np.testing.assert_array_equal(got.view(np.int32), ref.view(np.int32))
+
+
+def q4k_identity(cols: int) -> np.ndarray:
+    """A Q4_K matrix whose row j is the unit vector e_j (d = 1, dmin = 0, all scales 1, mins 0)."""
+    blocks = np.zeros((cols, cols // 256, 144), np.uint8)
+    blocks[..., 0:2] = np.array([1.0], np.float16).view(np.uint8)
+    blocks[..., 4:8] = 1  # scales 0..3 (mins 0..3 stay 0)
+    blocks[..., 12:16] = 1  # low nibbles: scales 4..7; high nibbles: mins 4..7 = 0
+    for j in range(cols):
+        r = j % 256
+        blocks[j, j // 256, 16 + 32 * (r // 64) + r % 32] = 1 if r % 64 < 32 else 0x10
+    return blocks.reshape(-1)
+
+
+def test_q8k_activation_quantizer_is_bit_identical_to_llama_cpp(simd_path: str, ggml: ctypes.CDLL) -> None:
+    """Our Q8_K activations equal llama.cpp's `quantize_row_q8_K` (d and every quant): through a Q4_K
+    identity matrix, where one integer lane is non-zero, every output is exactly f32(d * q)."""
+    rng = np.random.default_rng(5)
+    cols = 512
+    x = k_test_activations(rng, 4, cols)
+    x[1, 7] = -np.abs(x[1]).max() * 2  # the signed maximum is negative
+    x[2, ::9] = np.float32(0.5) * np.abs(x[2]).max()  # many ties with the maximum's half
+    w = hk.QMatrix(q4k_identity(cols), int(Q.Q4_K), cols, cols)
+    np.testing.assert_array_equal(hk.get_rows(w), np.eye(cols, dtype=np.float32))
+    got = hk.matmul(w, x)
+    for row, xr in zip(got, x):
+        blocks = ggml_quantize_q8k(ggml, xr).reshape(-1, Q8K_BYTES)
+        d = blocks[:, :4].copy().view(np.float32)
+        qs = blocks[:, 4:260].view(np.int8).astype(np.float32)
+        np.testing.assert_array_equal(row, (d * qs).reshape(-1))  # (+0.0 == -0.0 where q = 0)
 
 
 def test_qmatrix_rejects_bad_shapes() -> None:

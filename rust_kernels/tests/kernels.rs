@@ -93,12 +93,48 @@ fn simd_path_agrees_with_scalar_reference() {
             let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
             let acts = Activations::quantize(t.act_format(), &x, cols);
             let (fast, slow) = (vec_dot(t, &w, &acts, 0), vec_dot_scalar(t, &w, &acts, 0));
+            if t.block_len() == 256 {
+                // K-quants: the scalar reference emulates llama.cpp's AVX2 lanes and FMA order.
+                assert_eq!(
+                    fast.to_bits(),
+                    slow.to_bits(),
+                    "{t:?} trial {trial}: avx2 {fast} vs scalar {slow}"
+                );
+            }
             let mut deq = vec![0.0f32; cols];
             dequantize_row(t, &w, &mut deq);
             let scale: f32 = deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum::<f32>() + 1e-6;
             assert!(
                 (fast - slow).abs() / scale < 1e-5,
                 "{t:?} trial {trial}: avx2 {fast} vs scalar {slow}"
+            );
+        }
+    }
+}
+
+/// K-quant dots: AVX2 and scalar agree bit for bit on activations at very different scales with
+/// heavy tails (large integer lanes, float lanes of mixed signs) and on long rows.
+#[test]
+fn kquant_simd_and_scalar_are_bit_identical() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
+    if !simd::use_avx2() {
+        return;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for t in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        for trial in 0..60 {
+            let cols = 256 * rng.gen_range(1..=12);
+            let w = random_row(t, cols, &mut rng);
+            let scale = [1e-3f32, 1.0, 50.0][trial % 3];
+            let x: Vec<f32> = (0..cols)
+                .map(|_| scale * rng.gen_range(-1.0f32..1.0).powi(5))
+                .collect();
+            let acts = Activations::quantize(t.act_format(), &x, cols);
+            let (fast, slow) = (vec_dot(t, &w, &acts, 0), vec_dot_scalar(t, &w, &acts, 0));
+            assert_eq!(
+                fast.to_bits(),
+                slow.to_bits(),
+                "{t:?} trial {trial}: {fast} vs {slow}"
             );
         }
     }

@@ -225,15 +225,6 @@ pub unsafe fn quantize_q8k(x: &[f32]) -> Option<BlockQ8K> {
     Some(b)
 }
 
-/// Sum of 8 i32 lanes (exact).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_epi32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
-}
-
 /// One little-endian f16 at `b[off..off+2]` converted with F16C (half's converter is not inlined
 /// here and a call per block costs more than the block's arithmetic).
 #[inline]
@@ -534,31 +525,18 @@ unsafe fn dot_q6k<const W: usize, const R: usize>(
         let yb: [&BlockQ8K; R] = std::array::from_fn(|r| ys[r].get_unchecked(i));
         let sc8: [__m128i; W] =
             std::array::from_fn(|w| _mm_loadu_si128(bp[w].add(192) as *const __m128i));
-        // The -32 offset, folded into the exact integer sum through the Q8_K block sums:
-        // -32 * sum(scale[k] * bsum[k]), added to lane 0 (the same exact integer total).
-        let bs: [__m256i; R] =
-            std::array::from_fn(|r| _mm256_loadu_si256(yb[r].bsums.as_ptr() as *const __m256i));
-        let mut sumi = [[_mm256_setzero_si256(); R]; W];
-        for r in 0..R {
-            let t: [__m256i; W] =
-                std::array::from_fn(|w| _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8[w]), bs[r]));
-            if W == 4 {
-                // Four horizontal sums at once: lane w of `s` is row w's total.
-                let h =
-                    _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
-                let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-                let s = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32::<5>(s));
-                let lane0 = _mm_setr_epi32(-1, 0, 0, 0);
-                sumi[0][r] = _mm256_zextsi128_si256(_mm_and_si128(s, lane0));
-                sumi[1][r] = _mm256_zextsi128_si256(_mm_and_si128(_mm_srli_si128::<4>(s), lane0));
-                sumi[2][r] = _mm256_zextsi128_si256(_mm_and_si128(_mm_srli_si128::<8>(s), lane0));
-                sumi[3][r] = _mm256_zextsi128_si256(_mm_srli_si128::<12>(s));
-            } else {
-                for w in 0..W {
-                    sumi[w][r] = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-32 * hsum_epi32(t[w])));
-                }
-            }
-        }
+        // The -32 offset through the Q8_K block sums, per lane as llama.cpp subtracts it:
+        // lane k starts at -32 * (scale[2k] * bsum[2k] + scale[2k+1] * bsum[2k+1]).
+        let sc16: [__m256i; W] = std::array::from_fn(|w| _mm256_cvtepi8_epi16(sc8[w]));
+        let mut sumi: [[__m256i; R]; W] = std::array::from_fn(|w| {
+            std::array::from_fn(|r| {
+                let bs = _mm256_loadu_si256(yb[r].bsums.as_ptr() as *const __m256i);
+                _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16[w], bs)),
+                )
+            })
+        });
         for n in 0..2 {
             let y: [[__m256i; 4]; R] = std::array::from_fn(|r| {
                 let q8 = (yb[r].qs.as_ptr() as *const u8).add(128 * n);

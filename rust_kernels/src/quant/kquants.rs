@@ -78,35 +78,85 @@ pub fn dequantize(t: GgmlType, row: &[u8], out: &mut [f32]) {
     }
 }
 
-/// K-quant weight row against Q8_K activations. Integer sums are exact; one float update per
-/// super-block, in block order.
+/// Sum of the 8 lanes in the order of llama.cpp's `hsum_float_8`: halves added lane-wise, then
+/// lanes {0,2} and {1,3}, then the two.
+#[inline]
+pub fn hsum8(a: &[f32; 8]) -> f32 {
+    let h: [f32; 4] = std::array::from_fn(|k| a[k] + a[k + 4]);
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+/// `out[i] = sum(q[4i..4i+4] * y[4i..4i+4])`: the exact sums one i32 lane gathers per 32 elements.
+#[inline]
+fn quad_products(q: &[u8; 256], y: &[i8; 256]) -> [i32; 64] {
+    let mut prod = [0i32; 256];
+    for ((p, &a), &b) in prod.iter_mut().zip(q).zip(y) {
+        *p = a as i32 * b as i32;
+    }
+    std::array::from_fn(|i| (prod[4 * i] + prod[4 * i + 1]) + (prod[4 * i + 2] + prod[4 * i + 3]))
+}
+
+/// K-quant weight row against Q8_K activations, in the operation order of llama.cpp's AVX2 kernels
+/// (which the AVX2 path implements with the same instructions): per super-block, 8 exact i32 lanes
+/// (lane k holds elements 4k..4k+4 of every 32-element chunk, times their scales) are converted
+/// to f32 and fused-multiply-added into 8 float lanes, reduced by `hsum8` at the end. Q4_K adds
+/// the mins term through 4 more float lanes (lane l: sub-blocks 2l, 2l+1), Q5_K through one fused
+/// scalar sum; Q6_K subtracts its offset 32 per lane (lane k: sub-blocks 2k, 2k+1 of 16).
 pub fn vec_dot(t: GgmlType, w: &[u8], y: &[BlockQ8K]) -> f32 {
-    let mut sum = 0.0f32;
-    for (b, yb) in w.chunks_exact(t.block_bytes()).zip(y) {
-        if t == GgmlType::Q6K {
+    let mut acc = [0.0f32; 8];
+    if t == GgmlType::Q6K {
+        for (b, yb) in w.chunks_exact(210).zip(y) {
             let q = q6_values(b);
-            let mut isum = 0i32;
-            for k in 0..16 {
-                let s: i32 = (16 * k..16 * k + 16)
-                    .map(|e| (q[e] as i32 - 32) * yb.qs[e] as i32)
-                    .sum();
-                isum += (b[192 + k] as i8 as i32) * s;
+            let sc = |j: usize| b[192 + j] as i8 as i32;
+            let mut lanes: [i32; 8] = std::array::from_fn(|k| {
+                -32 * (yb.bsums[2 * k] as i32 * sc(2 * k)
+                    + yb.bsums[2 * k + 1] as i32 * sc(2 * k + 1))
+            });
+            let p = quad_products(&q, &yb.qs);
+            for c in 0..8 {
+                for (k, lane) in lanes.iter_mut().enumerate() {
+                    *lane += sc(2 * c + k / 4) * p[8 * c + k];
+                }
             }
-            sum += f16_at(b, 208) * yb.d * isum as f32;
+            let d = f16_at(b, 208) * yb.d;
+            for (a, &l) in acc.iter_mut().zip(&lanes) {
+                *a = d.mul_add(l as f32, *a);
+            }
+        }
+        return hsum8(&acc);
+    }
+    let mut mins4 = [0.0f32; 4];
+    let mut mins1 = 0.0f32;
+    for (b, yb) in w.chunks_exact(t.block_bytes()).zip(y) {
+        let (sc, m) = scales_mins(&b[4..16]);
+        let q = q45_values(t, b);
+        let mut lanes = [0i32; 8];
+        let p = quad_products(&q, &yb.qs);
+        for (c, &s) in sc.iter().enumerate() {
+            for (k, lane) in lanes.iter_mut().enumerate() {
+                *lane += s as i32 * p[8 * c + k];
+            }
+        }
+        let d = f16_at(b, 0) * yb.d;
+        for (a, &l) in acc.iter_mut().zip(&lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+        let dmin = -yb.d * f16_at(b, 2);
+        let pair = |j: usize| m[j] as i32 * (yb.bsums[2 * j] as i32 + yb.bsums[2 * j + 1] as i32);
+        let prod: [i32; 4] = std::array::from_fn(|l| pair(2 * l) + pair(2 * l + 1));
+        if t == GgmlType::Q4K {
+            for (a, &p) in mins4.iter_mut().zip(&prod) {
+                *a = dmin.mul_add(p as f32, *a);
+            }
         } else {
-            let (sc, m) = scales_mins(&b[4..16]);
-            let q = q45_values(t, b);
-            let mut isum = 0i32;
-            let mut imins = 0i32;
-            for s in 0..8 {
-                let part: i32 = (32 * s..32 * s + 32)
-                    .map(|e| q[e] as i32 * yb.qs[e] as i32)
-                    .sum();
-                isum += sc[s] as i32 * part;
-                imins += m[s] as i32 * (yb.bsums[2 * s] as i32 + yb.bsums[2 * s + 1] as i32);
-            }
-            sum += f16_at(b, 0) * yb.d * isum as f32 - f16_at(b, 2) * yb.d * imins as f32;
+            let total = (prod[0] + prod[1]) + (prod[2] + prod[3]);
+            mins1 = dmin.mul_add(total as f32, mins1);
         }
     }
-    sum
+    let mins = if t == GgmlType::Q4K {
+        (mins4[0] + mins4[2]) + (mins4[1] + mins4[3])
+    } else {
+        mins1
+    };
+    hsum8(&acc) + mins
 }
