@@ -25,6 +25,7 @@ ORACLE_CASES = [
     # more than 16 experts: ggml's argsort (std::sort) is an introsort there, not an insertion sort
     ("qwen35moe", "f16", {"fused_gate_up": True, "n_expert": 20, "n_expert_used": 4}),
     ("qwen35moe", "q6_k", KQUANT),
+    ("qwen35moe", "q4_k_m", KQUANT),
     ("qwen3next", "f32", {}),
     ("qwen3next", "q8_0", {}),
     ("qwen3next", "f16", {"legacy_ssm_in": True}),

@@ -49,7 +49,7 @@ def test_matches_llama_cpp(arch: str, qtype: str, kw: dict, tmp_path: Path) -> N
             kl = kl_per_position(ref, ours)
             top1 = (ref.argmax(-1) == ours.argmax(-1)).mean()
             # random-weight fixtures have flat distributions: near-ties decide the rare top-1 misses
-            assert kl.mean() <= 1e-3 and top1 >= 0.98, (len(tokens), kl.mean(), top1)
+            assert kl.mean() <= 1e-3 and top1 >= 0.99, (len(tokens), kl.mean(), top1)
         chunks = [3, 1, 50, 7, len(long) - 61]
         np.testing.assert_array_equal(logits_in_chunks(model, long, chunks), logits_in_chunks(model, long, [len(long)]))
     finally:
