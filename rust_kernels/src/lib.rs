@@ -310,7 +310,7 @@ fn gated_unit<'py>(
     py: Python<'py>,
     gate: PyReadonlyArray2<'py, f32>,
     up: PyReadonlyArray2<'py, f32>,
-    act: fn(f32) -> f32,
+    kernel: fn(&[f32], &[f32], &mut [f32]),
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
     if gate.shape() != up.shape() {
         return Err(value_error("gate and up must have the same shape"));
@@ -319,7 +319,7 @@ fn gated_unit<'py>(
     let (g, u) = (contiguous(&gate, "gate")?, contiguous(&up, "up")?);
     let out = py.detach(|| {
         let mut out = vec![0.0f32; rows * n];
-        ops::gated(g, u, act, &mut out);
+        kernel(g, u, &mut out);
         out
     });
     Ok(Array2::from_shape_vec((rows, n), out)
@@ -334,7 +334,7 @@ fn geglu<'py>(
     gate: PyReadonlyArray2<'py, f32>,
     up: PyReadonlyArray2<'py, f32>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    gated_unit(py, gate, up, ops::gelu)
+    gated_unit(py, gate, up, ops::geglu)
 }
 
 /// `silu(gate) * up` (SwiGLU).
@@ -517,9 +517,11 @@ fn l2_norm<'py>(
 /// Depthwise causal convolution of `x` (n_tokens × channels) with `weight` (channels × kernel, the
 /// GGUF `ssm_conv1d`), continuing from `state` ((kernel-1) × channels: the last raw inputs, oldest
 /// first), which is replaced in place by the new last raw inputs. `bias` is added and SiLU applied
-/// after the sum when given / asked.
+/// after the sum when given / asked. With `new_state` (an array shaped like `state`), the new
+/// state is written there instead and `state` is left as it was (same bits, no copy to make first).
 #[pyfunction]
-#[pyo3(signature = (x, weight, state, bias=None, silu=false))]
+#[pyo3(signature = (x, weight, state, bias=None, silu=false, new_state=None))]
+#[allow(clippy::too_many_arguments)]
 fn conv1d_causal<'py>(
     py: Python<'py>,
     x: PyReadonlyArray2<'py, f32>,
@@ -527,6 +529,7 @@ fn conv1d_causal<'py>(
     mut state: numpy::PyReadwriteArray2<'py, f32>,
     bias: Option<PyReadonlyArray1<'py, f32>>,
     silu: bool,
+    new_state: Option<numpy::PyReadwriteArray2<'py, f32>>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
     let (n, ch, kernel) = (x.shape()[0], x.shape()[1], weight.shape()[1]);
     if kernel == 0 {
@@ -536,10 +539,26 @@ fn conv1d_causal<'py>(
     check_shape("conv state", state.shape(), &[kernel - 1, ch])?;
     let bs = optional(&bias, "conv bias", ch)?;
     let (xs, ws) = (contiguous(&x, "x")?, contiguous(&weight, "weight")?);
+    let mut new_state = new_state;
+    if let Some(ns) = &new_state {
+        check_shape("new conv state", ns.shape(), &[kernel - 1, ch])?;
+    }
     let st = contiguous_mut(&mut state, "state")?;
+    let dst = match &mut new_state {
+        Some(ns) => Some(contiguous_mut(ns, "new_state")?),
+        None => None,
+    };
     let out = py.detach(|| {
         let mut out = vec![0.0f32; n * ch];
-        threads::run(|| recurrent::conv1d_causal(xs, ws, bs, st, ch, kernel, silu, &mut out));
+        let conv = |out: &mut [f32]| match dst {
+            Some(dst) => recurrent::conv1d_causal_from(xs, ws, bs, st, dst, ch, kernel, silu, out),
+            None => recurrent::conv1d_causal(xs, ws, bs, st, ch, kernel, silu, out),
+        };
+        if recurrent::conv_is_serial(n) {
+            conv(&mut out); // too little work to hand to the pool (no rayon calls in this case)
+        } else {
+            threads::run(|| conv(&mut out));
+        }
         out
     });
     Ok(Array2::from_shape_vec((n, ch), out)
@@ -552,9 +571,10 @@ fn conv1d_causal<'py>(
 /// continuing from `state` (n_v_heads × d_v × d_k, `state[h, j, i] = S[i, j]`), updated in place.
 /// With `l2_eps`, q and k are L2-normalised here as current llama.cpp does for qwen35
 /// (`rms_norm(x, eps/d_k) · 1/sqrt(d_k)`); without, they must be already. Returns n_tokens ×
-/// n_v_heads × d_v.
+/// n_v_heads × d_v. With `new_state` (shaped like `state`), the new state is written there and
+/// `state` is left as it was (the same bits as updating a copy of `state`, without the copy).
 #[pyfunction]
-#[pyo3(signature = (q, k, v, g, beta, state, l2_eps=None))]
+#[pyo3(signature = (q, k, v, g, beta, state, l2_eps=None, new_state=None))]
 #[allow(clippy::too_many_arguments)]
 fn gated_delta_rule<'py>(
     py: Python<'py>,
@@ -565,6 +585,7 @@ fn gated_delta_rule<'py>(
     beta: PyReadonlyArray2<'py, f32>,
     mut state: numpy::PyReadwriteArray3<'py, f32>,
     l2_eps: Option<f32>,
+    new_state: Option<numpy::PyReadwriteArray3<'py, f32>>,
 ) -> PyResult<Bound<'py, PyArray3<f32>>> {
     let (n, nk, dk) = (q.shape()[0], q.shape()[1], q.shape()[2]);
     let (nv, dv) = (v.shape()[1], v.shape()[2]);
@@ -580,6 +601,10 @@ fn gated_delta_rule<'py>(
     check_shape("g", g.shape(), &[n, nv])?;
     check_shape("beta", beta.shape(), &[n, nv])?;
     check_shape("state", state.shape(), &[nv, dv, dk])?;
+    let mut new_state = new_state;
+    if let Some(ns) = &new_state {
+        check_shape("new_state", ns.shape(), &[nv, dv, dk])?;
+    }
     let (qs, ks, vs) = (
         contiguous(&q, "q")?,
         contiguous(&k, "k")?,
@@ -587,6 +612,10 @@ fn gated_delta_rule<'py>(
     );
     let (gs, bs) = (contiguous(&g, "g")?, contiguous(&beta, "beta")?);
     let st = contiguous_mut(&mut state, "state")?;
+    let (src, st) = match &mut new_state {
+        Some(ns) => (Some(&*st), contiguous_mut(ns, "new_state")?),
+        None => (None, st),
+    };
     let shape = recurrent::GdnShape {
         n_tokens: n,
         n_k_heads: nk,
@@ -597,7 +626,7 @@ fn gated_delta_rule<'py>(
     let out = py.detach(|| {
         let mut out = vec![0.0f32; n * nv * dv];
         threads::run(|| {
-            recurrent::gated_delta_rule(qs, ks, vs, gs, bs, st, shape, l2_eps, &mut out)
+            recurrent::gated_delta_rule_from(qs, ks, vs, gs, bs, src, st, shape, l2_eps, &mut out)
         });
         out
     });
@@ -608,9 +637,10 @@ fn gated_delta_rule<'py>(
 
 /// Mamba2 selective scan: `x` (n_tokens × H × P), raw `dt` (n_tokens × H; softplus inside, after
 /// `+ dt_bias`), `a` (H, = −exp(A_log)), `b`, `c` (n_tokens × G × N), continuing from `state`
-/// (H × P × N), updated in place; `+ d[h]·x` when `d` is given. Returns n_tokens × H × P.
+/// (H × P × N), updated in place; `+ d[h]·x` when `d` is given. Returns n_tokens × H × P. With
+/// `new_state` (shaped like `state`), the new state is written there and `state` is left as it was.
 #[pyfunction]
-#[pyo3(signature = (x, dt, a, b, c, state, d=None, dt_bias=None))]
+#[pyo3(signature = (x, dt, a, b, c, state, d=None, dt_bias=None, new_state=None))]
 #[allow(clippy::too_many_arguments)]
 fn mamba2_scan<'py>(
     py: Python<'py>,
@@ -622,6 +652,7 @@ fn mamba2_scan<'py>(
     mut state: numpy::PyReadwriteArray3<'py, f32>,
     d: Option<PyReadonlyArray1<'py, f32>>,
     dt_bias: Option<PyReadonlyArray1<'py, f32>>,
+    new_state: Option<numpy::PyReadwriteArray3<'py, f32>>,
 ) -> PyResult<Bound<'py, PyArray3<f32>>> {
     let (n, nh, p) = (x.shape()[0], x.shape()[1], x.shape()[2]);
     let (ng, ns) = (b.shape()[1], b.shape()[2]);
@@ -637,6 +668,10 @@ fn mamba2_scan<'py>(
     check_shape("b", b.shape(), &[n, ng, ns])?;
     check_shape("c", c.shape(), &[n, ng, ns])?;
     check_shape("state", state.shape(), &[nh, p, ns])?;
+    let mut new_state = new_state;
+    if let Some(nst) = &new_state {
+        check_shape("new_state", nst.shape(), &[nh, p, ns])?;
+    }
     let (ds, biases) = (optional(&d, "d", nh)?, optional(&dt_bias, "dt_bias", nh)?);
     let (xs, dts, a_s) = (
         contiguous(&x, "x")?,
@@ -645,6 +680,10 @@ fn mamba2_scan<'py>(
     );
     let (bs, cs) = (contiguous(&b, "b")?, contiguous(&c, "c")?);
     let st = contiguous_mut(&mut state, "state")?;
+    let (src, st) = match &mut new_state {
+        Some(nst) => (Some(&*st), contiguous_mut(nst, "new_state")?),
+        None => (None, st),
+    };
     let shape = recurrent::Mamba2Shape {
         n_tokens: n,
         n_heads: nh,
@@ -655,7 +694,7 @@ fn mamba2_scan<'py>(
     let out = py.detach(|| {
         let mut out = vec![0.0f32; n * nh * p];
         threads::run(|| {
-            recurrent::mamba2_scan(xs, dts, a_s, bs, cs, ds, biases, st, shape, &mut out)
+            recurrent::mamba2_scan_from(xs, dts, a_s, bs, cs, ds, biases, src, st, shape, &mut out)
         });
         out
     });

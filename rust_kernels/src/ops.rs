@@ -122,18 +122,145 @@ fn silu_body(x: &[f32], out: &mut [f32]) {
     }
 }
 
-// ggml's exp uses fused multiply-adds; compiled with FMA enabled they are single instructions
-// instead of libm `fmaf` calls (same results, ~10x faster).
+/// `silu` eight lanes at a time: `expf_ggml` (ggml's `ggml_v_expf`) as AVX2 intrinsics, with the
+/// same operations per lane as the scalar function, so the same bits.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn c(bits: u32) -> __m256 {
+        _mm256_set1_ps(f32::from_bits(bits))
+    }
+
+    /// `attention::expf_ggml` per lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn expf8(x: __m256) -> __m256 {
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        let neg_n = _mm256_xor_ps(n, _mm256_set1_ps(-0.0));
+        let b = _mm256_fmadd_ps(
+            neg_n,
+            c(0x35bf_be8e),
+            _mm256_fmadd_ps(neg_n, c(0x3f31_7200), x),
+        );
+        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f80_0000)));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_mul_ps(c(0x3f7f_fff6), b),
+        );
+        let fast = _mm256_fmadd_ps(j, k, k);
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let is_fast = _mm256_cmp_ps::<_CMP_LE_OQ>(abs_n, _mm256_set1_ps(126.0));
+        if _mm256_movemask_ps(is_fast) == 0xff {
+            return fast;
+        }
+        let g = _mm256_and_si256(
+            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+            _mm256_set1_epi32(0x8200_0000u32 as i32),
+        );
+        let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+        let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+        let big = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+        let slow = _mm256_blendv_ps(
+            _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1),
+            _mm256_mul_ps(s1, s1),
+            big,
+        );
+        _mm256_blendv_ps(slow, fast, is_fast)
+    }
+
+    /// `ops::silu` per lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn silu8(x: __m256) -> __m256 {
+        let neg = _mm256_xor_ps(x, _mm256_set1_ps(-0.0));
+        _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), expf8(neg)))
+    }
+
+    /// `out = silu(x)`; `out` may be `x` itself (raw pointers, `n` elements each).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn silu_ptr(x: *const f32, out: *mut f32, n: usize) {
+        let n8 = n & !7;
+        for i in (0..n8).step_by(8) {
+            _mm256_storeu_ps(out.add(i), silu8(_mm256_loadu_ps(x.add(i))));
+        }
+        for i in n8..n {
+            *out.add(i) = super::silu(*x.add(i));
+        }
+    }
+
+    /// `gelu` per lane: the input rounded to f16 (F16C, to nearest even, as `half`) indexes the
+    /// table; `x <= -10` gives 0 and `x >= 10` gives x.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn geglu(gate: &[f32], up: &[f32], out: &mut [f32], table: &[f32]) {
+        assert_eq!(table.len(), 1 << 16);
+        let n = out.len().min(gate.len()).min(up.len());
+        let n8 = n & !7;
+        let (g, u, o, t) = (gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), table.as_ptr());
+        let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+        for i in (0..n8).step_by(8) {
+            let x = _mm256_loadu_ps(g.add(i));
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            let idx = _mm256_cvtepu16_epi32(h);
+            let v = _mm256_i32gather_ps::<4>(t, idx);
+            let v = _mm256_blendv_ps(v, x, _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi));
+            let v = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(x, lo), v);
+            _mm256_storeu_ps(o.add(i), _mm256_mul_ps(v, _mm256_loadu_ps(u.add(i))));
+        }
+        super::gated(&gate[n8..n], &up[n8..n], super::gelu, &mut out[n8..n]);
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        let n = out.len().min(gate.len()).min(up.len());
+        let n8 = n & !7;
+        let (g, u, o) = (gate.as_ptr(), up.as_ptr(), out.as_mut_ptr());
+        for i in (0..n8).step_by(8) {
+            let s = silu8(_mm256_loadu_ps(g.add(i)));
+            _mm256_storeu_ps(o.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.add(i))));
+        }
+        super::swiglu_body(&gate[n8..n], &up[n8..n], &mut out[n8..n]);
+    }
+}
+
+// ggml's exp uses fused multiply-adds; with FMA (and AVX2) they are single instructions instead
+// of libm `fmaf` calls (same results, far faster).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn swiglu_fma(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    swiglu_body(gate, up, out)
+    avx2::swiglu(gate, up, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn silu_fma(x: &[f32], out: &mut [f32]) {
-    silu_body(x, out)
+    let n = x.len().min(out.len());
+    avx2::silu_ptr(x.as_ptr(), out.as_mut_ptr(), n)
+}
+
+/// `x = silu(x)` in place.
+pub fn silu_in_place(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx2() {
+        let p = x.as_mut_ptr();
+        // SAFETY: use_avx2() reports AVX2 and FMA; input and output are the same n elements.
+        return unsafe { avx2::silu_ptr(p, p, x.len()) };
+    }
+    for v in x.iter_mut() {
+        *v = silu(*v);
+    }
 }
 
 /// `out = silu(gate) * up` (SwiGLU).
@@ -161,6 +288,16 @@ pub fn gated(gate: &[f32], up: &[f32], act: fn(f32) -> f32, out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = act(g) * u;
     }
+}
+
+/// `out = gelu(gate) * up` (GEGLU): `gated` with `gelu`, eight lanes at a time with AVX2/F16C.
+pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx2() {
+        // SAFETY: use_avx2() reports AVX2, FMA and F16C.
+        return unsafe { avx2::geglu(gate, up, out, gelu_table()) };
+    }
+    gated(gate, up, gelu, out)
 }
 
 /// Softmax over each row of `n`, in place (max-subtracted; the sum in f64 as ggml does).

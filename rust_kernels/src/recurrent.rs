@@ -90,6 +90,20 @@ fn decay_dot<const AVX: bool>(row: &mut [f32], e: f32, k: &[f32]) -> f32 {
     dot_lanes(row, k)
 }
 
+/// `decay_dot` of the row `src`, written to `row` instead of in place (the same operations).
+#[inline(always)]
+fn decay_dot_from<const AVX: bool>(src: &[f32], row: &mut [f32], e: f32, k: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        // SAFETY: as in `decay_dot`.
+        return unsafe { avx2::decay_dot_from(src, row, e, k) };
+    }
+    for (s, &x) in row.iter_mut().zip(src) {
+        *s = x * e;
+    }
+    dot_lanes(row, k)
+}
+
 /// Delta rule, second half for one state row: `row += k·d` (fused), then `dot(row, q)`.
 #[inline(always)]
 fn update_dot<const AVX: bool>(row: &mut [f32], k: &[f32], d: f32, q: &[f32]) -> f32 {
@@ -171,6 +185,28 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn decay_dot_from(src: &[f32], row: &mut [f32], e: f32, k: &[f32]) -> f32 {
+        let n = row.len();
+        assert_eq!(src.len(), n);
+        let np = n & !31;
+        let (sp, rp, kp) = (src.as_ptr(), row.as_mut_ptr(), k.as_ptr());
+        let ve = _mm256_set1_ps(e);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..np).step_by(32) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let s = _mm256_mul_ps(_mm256_loadu_ps(sp.add(i + 8 * j)), ve);
+                _mm256_storeu_ps(rp.add(i + 8 * j), s);
+                *a = _mm256_fmadd_ps(s, _mm256_loadu_ps(kp.add(i + 8 * j)), *a);
+            }
+        }
+        for (s, &x) in row[np..].iter_mut().zip(&src[np..]) {
+            *s = x * e;
+        }
+        super::ordered_sum(reduce(acc), &row[np..], &k[np..])
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
     pub unsafe fn update_dot(row: &mut [f32], k: &[f32], d: f32, q: &[f32]) -> f32 {
         let n = row.len();
         let np = n & !31;
@@ -221,8 +257,14 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gdn_head(a: &super::GdnArgs, h: usize, st: &mut [f32], o: &mut [f32]) {
-        super::gdn_head::<true>(a, h, st, o)
+    pub unsafe fn gdn_head(
+        a: &super::GdnArgs,
+        h: usize,
+        src: Option<&[f32]>,
+        st: &mut [f32],
+        o: &mut [f32],
+    ) {
+        super::gdn_head::<true>(a, h, src, st, o)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -351,9 +393,7 @@ fn conv_row<const AVX: bool>(a: &ConvArgs, t: usize, o: &mut [f32]) {
         // ggml_vec_silu_f32 on a row: 8 lanes of its vectorised SiLU while 8 elements remain
         // (`ops::silu`), then `x / (1 + expf(-x))` with libm's expf for the last `channels % 8`.
         let n8 = c & !7;
-        for y in &mut o[..n8] {
-            *y = crate::ops::silu(*y);
-        }
+        crate::ops::silu_in_place(&mut o[..n8]);
         for y in &mut o[n8..] {
             *y /= 1.0 + (-*y).exp();
         }
@@ -364,7 +404,8 @@ fn conv_row<const AVX: bool>(a: &ConvArgs, t: usize, o: &mut [f32]) {
 /// (GGUF `ssm_conv1d`, ggml {kernel, channels}) and `state` = (kernel-1) × channels, the last
 /// kernel-1 raw inputs before `x` (oldest first; zeros at sequence start). Writes
 /// `out[t, c] = Σ_k weight[c, k] · input[t - (kernel-1) + k, c] (+ bias[c]) (then SiLU)` and
-/// replaces `state` by the last kernel-1 raw inputs. Use it inside `threads::run`.
+/// replaces `state` by the last kernel-1 raw inputs. Use it inside `threads::run` (unless
+/// `conv_is_serial`).
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_causal(
     x: &[f32],
@@ -376,8 +417,35 @@ pub fn conv1d_causal(
     silu: bool,
     out: &mut [f32],
 ) {
+    let prev = state.to_vec();
+    conv1d_causal_from(x, weight, bias, &prev, state, channels, kernel, silu, out);
+}
+
+/// At most this many tokens are convolved on the calling thread: less work than handing it to the
+/// pool costs.
+pub const CONV_SERIAL_TOKENS: usize = 2;
+
+/// Whether `conv1d_causal_from` runs on the calling thread (no rayon calls) for `n_tokens`.
+pub fn conv_is_serial(n_tokens: usize) -> bool {
+    n_tokens <= CONV_SERIAL_TOKENS
+}
+
+/// `conv1d_causal` continuing from `state_in` and writing the new state to `state_out` (same
+/// shape; `state_in` is left as it was): the same bits as `conv1d_causal` on a copy of `state_in`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_causal_from(
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    state_in: &[f32],
+    state_out: &mut [f32],
+    channels: usize,
+    kernel: usize,
+    silu: bool,
+    out: &mut [f32],
+) {
     assert!(kernel > 0, "the convolution needs at least one tap");
-    let (c, km1) = (channels, kernel - 1);
+    let c = channels;
     if c == 0 {
         return;
     }
@@ -388,35 +456,35 @@ pub fn conv1d_causal(
             *w = taps[k];
         }
     }
-    let new_state: Vec<f32> = {
-        let a = ConvArgs {
-            x,
-            state,
-            weight,
-            wt,
-            bias,
-            channels: c,
-            kernel,
-            silu,
-        };
-        let use_avx2 = crate::simd::use_avx2();
-        out.par_chunks_mut(c).enumerate().for_each(|(t, o)| {
-            #[cfg(target_arch = "x86_64")]
-            if use_avx2 {
-                // SAFETY: use_avx2 reports AVX2 and FMA.
-                unsafe { avx2::conv_row(&a, t, o) };
-                return;
-            }
-            let _ = use_avx2;
-            conv_row::<false>(&a, t, o);
-        });
-        let mut new_state = vec![0.0f32; km1 * c];
-        for (i, row) in new_state.chunks_exact_mut(c).enumerate() {
-            row.copy_from_slice(a.input(n_tokens + i));
-        }
-        new_state
+    let a = ConvArgs {
+        x,
+        state: state_in,
+        weight,
+        wt,
+        bias,
+        channels: c,
+        kernel,
+        silu,
     };
-    state.copy_from_slice(&new_state);
+    let use_avx2 = crate::simd::use_avx2();
+    let row = |(t, o): (usize, &mut [f32])| {
+        #[cfg(target_arch = "x86_64")]
+        if use_avx2 {
+            // SAFETY: use_avx2 reports AVX2 and FMA.
+            unsafe { avx2::conv_row(&a, t, o) };
+            return;
+        }
+        let _ = use_avx2;
+        conv_row::<false>(&a, t, o);
+    };
+    if conv_is_serial(n_tokens) {
+        out.chunks_mut(c).enumerate().for_each(row);
+    } else {
+        out.par_chunks_mut(c).enumerate().for_each(row);
+    }
+    for (i, row) in state_out.chunks_exact_mut(c).enumerate() {
+        row.copy_from_slice(a.input(n_tokens + i));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -444,8 +512,15 @@ pub(crate) struct GdnArgs<'a> {
 }
 
 /// One v head over all tokens. `st` = d_v rows of d_k (`st[j*d_k + i] = S[i][j]`), `o` = n_tokens × d_v.
+/// With `src`, the head's state is read from there and written to `st` (by the first token's decay).
 #[inline(always)]
-fn gdn_head<const AVX: bool>(a: &GdnArgs, h: usize, st: &mut [f32], o: &mut [f32]) {
+fn gdn_head<const AVX: bool>(
+    a: &GdnArgs,
+    h: usize,
+    src: Option<&[f32]>,
+    st: &mut [f32],
+    o: &mut [f32],
+) {
     let GdnShape {
         n_tokens,
         n_k_heads: nk,
@@ -464,10 +539,22 @@ fn gdn_head<const AVX: bool>(a: &GdnArgs, h: usize, st: &mut [f32], o: &mut [f32
         let ot = &mut o[t * dv..(t + 1) * dv];
         // Rows are independent, so doing each row's four steps together gives the same bits as
         // ggml's four passes over the whole matrix.
-        for ((row, &vj), oj) in st.chunks_exact_mut(dk).zip(v).zip(ot.iter_mut()) {
-            let sk = decay_dot::<AVX>(row, decay, k);
-            let delta = (vj - sk) * beta;
-            *oj = update_dot::<AVX>(row, k, delta, q) * scale;
+        match src {
+            Some(src) if t == 0 => {
+                let rows = st.chunks_exact_mut(dk).zip(src.chunks_exact(dk));
+                for (((row, from), &vj), oj) in rows.zip(v).zip(ot.iter_mut()) {
+                    let sk = decay_dot_from::<AVX>(from, row, decay, k);
+                    let delta = (vj - sk) * beta;
+                    *oj = update_dot::<AVX>(row, k, delta, q) * scale;
+                }
+            }
+            _ => {
+                for ((row, &vj), oj) in st.chunks_exact_mut(dk).zip(v).zip(ot.iter_mut()) {
+                    let sk = decay_dot::<AVX>(row, decay, k);
+                    let delta = (vj - sk) * beta;
+                    *oj = update_dot::<AVX>(row, k, delta, q) * scale;
+                }
+            }
         }
     }
 }
@@ -497,8 +584,31 @@ pub fn gated_delta_rule(
     l2_eps: Option<f32>,
     out: &mut [f32],
 ) {
+    gated_delta_rule_from(q, k, v, g, beta, None, state, s, l2_eps, out)
+}
+
+/// `gated_delta_rule` continuing from `state_in` when given (else from `state`), writing the new
+/// state to `state` (same shape; `state_in` is left as it was): the same bits as
+/// `gated_delta_rule` on a copy of `state_in`, without the copy: the first token's decay reads
+/// `state_in` and writes `state`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule_from(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    state_in: Option<&[f32]>,
+    state: &mut [f32],
+    s: GdnShape,
+    l2_eps: Option<f32>,
+    out: &mut [f32],
+) {
     let (n, nv, dk, dv) = (s.n_tokens, s.n_v_heads, s.d_k, s.d_v);
     if n == 0 || nv == 0 || dk == 0 || dv == 0 {
+        if let Some(src) = state_in {
+            state.copy_from_slice(src);
+        }
         return;
     }
     let normed = l2_eps.map(|eps| {
@@ -519,22 +629,32 @@ pub fn gated_delta_rule(
         beta,
         s,
     };
-    let mut by_head = vec![0.0f32; nv * n * dv];
     let use_avx2 = crate::simd::use_avx2();
+    let head = |(h, (o, st)): (usize, (&mut [f32], &mut [f32]))| {
+        let src = state_in.map(|s| &s[h * dv * dk..(h + 1) * dv * dk]);
+        #[cfg(target_arch = "x86_64")]
+        if use_avx2 {
+            // SAFETY: use_avx2 reports AVX2 and FMA.
+            unsafe { avx2::gdn_head(&a, h, src, st, o) };
+            return;
+        }
+        let _ = use_avx2;
+        gdn_head::<false>(&a, h, src, st, o);
+    };
+    if n == 1 {
+        // one token: a head's outputs are already where `out` wants them
+        out.par_chunks_mut(dv)
+            .zip(state.par_chunks_mut(dv * dk))
+            .enumerate()
+            .for_each(head);
+        return;
+    }
+    let mut by_head = vec![0.0f32; nv * n * dv];
     by_head
         .par_chunks_mut(n * dv)
         .zip(state.par_chunks_mut(dv * dk))
         .enumerate()
-        .for_each(|(h, (o, st))| {
-            #[cfg(target_arch = "x86_64")]
-            if use_avx2 {
-                // SAFETY: use_avx2 reports AVX2 and FMA.
-                unsafe { avx2::gdn_head(&a, h, st, o) };
-                return;
-            }
-            let _ = use_avx2;
-            gdn_head::<false>(&a, h, st, o);
-        });
+        .for_each(head);
     for (h, head) in by_head.chunks_exact(n * dv).enumerate() {
         for (t, row) in head.chunks_exact(dv).enumerate() {
             out[(t * nv + h) * dv..(t * nv + h + 1) * dv].copy_from_slice(row);
@@ -636,9 +756,32 @@ pub fn mamba2_scan(
     s: Mamba2Shape,
     out: &mut [f32],
 ) {
+    mamba2_scan_from(x, dt, a, b, c, d, dt_bias, None, state, s, out)
+}
+
+/// `mamba2_scan` continuing from `state_in` when given (else from `state`), writing the new state
+/// to `state` (same shape; `state_in` is left as it was): the same bits as `mamba2_scan` on a copy
+/// of `state_in`.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_scan_from(
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: Option<&[f32]>,
+    dt_bias: Option<&[f32]>,
+    state_in: Option<&[f32]>,
+    state: &mut [f32],
+    s: Mamba2Shape,
+    out: &mut [f32],
+) {
     let (n, nh, p, ns) = (s.n_tokens, s.n_heads, s.head_dim, s.d_state);
     assert!(ns > 0 && s.n_groups > 0 && nh % s.n_groups == 0);
     if n == 0 || nh == 0 || p == 0 {
+        if let Some(src) = state_in {
+            state.copy_from_slice(src);
+        }
         return;
     }
     let args = Mamba2Args {
@@ -658,6 +801,9 @@ pub fn mamba2_scan(
         .zip(state.par_chunks_mut(p * ns))
         .enumerate()
         .for_each(|(h, (o, st))| {
+            if let Some(src) = state_in {
+                st.copy_from_slice(&src[h * p * ns..(h + 1) * p * ns]);
+            }
             #[cfg(target_arch = "x86_64")]
             if use_avx2 {
                 // SAFETY: use_avx2 reports AVX2 and FMA.

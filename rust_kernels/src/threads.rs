@@ -1,6 +1,19 @@
-//! The kernels' own rayon pool, so the thread count is set by the service, not by rayon's default.
+//! The kernels' own rayon pools, so the thread count is set by the service, not by rayon's default.
+//!
+//! Handing a call to a pool from outside it costs a wake-up of a pool thread and another of the
+//! caller when the work is done (~15 µs, far more on a loaded machine), paid by every kernel call.
+//! So each thread that calls kernels gets a pool of its own that it is itself part of (rayon's
+//! `use_current_thread`): a call runs on the calling thread at once, and the other `n - 1` threads
+//! steal parts of the work as they wake up; work too small to be worth stealing is simply done by
+//! the caller. Which thread computes a part never changes its bits: kernels only split work into
+//! independent outputs, each with a fixed reduction order.
+//!
+//! A thread can belong to one pool only, for good: after `set_num_threads` changes the count, a
+//! thread whose own pool has another size uses the shared pool (the old hand-off) until the count
+//! is set back.
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
+use std::cell::RefCell;
 use std::sync::{Arc, OnceLock, RwLock};
 
 fn slot() -> &'static RwLock<Arc<ThreadPool>> {
@@ -21,15 +34,46 @@ fn build(n: usize) -> ThreadPool {
 }
 
 pub fn set_num_threads(n: usize) {
-    *slot().write().unwrap() = Arc::new(build(n));
+    let mut pool = slot().write().unwrap();
+    if pool.current_num_threads() != n.max(1) {
+        *pool = Arc::new(build(n));
+    }
 }
 
 pub fn num_threads() -> usize {
     slot().read().unwrap().current_num_threads()
 }
 
-/// Run `f` inside the kernel pool (rayon calls in `f` use its threads).
+thread_local! {
+    /// This thread's own pool (the thread is its worker 0) once made; `Some(None)` where it cannot
+    /// have one (it is already a worker of some pool).
+    static OWN: RefCell<Option<Option<Arc<ThreadPool>>>> = const { RefCell::new(None) };
+}
+
+fn own_pool(n: usize) -> Option<Arc<ThreadPool>> {
+    OWN.with(|own| {
+        own.borrow_mut()
+            .get_or_insert_with(|| {
+                ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .use_current_thread()
+                    .thread_name(|i| format!("hyserve-kernel-{i}"))
+                    .build()
+                    .ok()
+                    .map(Arc::new)
+            })
+            .clone()
+    })
+}
+
+/// Run `f` inside the kernel pool (rayon calls in `f` use its threads): on the calling thread's
+/// own pool when it has the configured size (`install` then calls `f` right here), else on the
+/// shared one.
 pub fn run<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    let pool = slot().read().unwrap().clone();
-    pool.install(f)
+    let shared = slot().read().unwrap().clone();
+    let n = shared.current_num_threads();
+    match own_pool(n) {
+        Some(pool) if pool.current_num_threads() == n => pool.install(f),
+        _ => shared.install(f),
+    }
 }

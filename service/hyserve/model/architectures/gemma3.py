@@ -108,7 +108,8 @@ class Gemma3(Architecture):
     def _forward(self, segments: Sequence[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, pos, spans = segment_rows(segments)
         rows, hd, eps = len(tokens), self.head_dim, self.eps
-        h = hk.get_rows(self.token_embd, tokens) * self.embd_scale
+        h = hk.get_rows(self.token_embd, tokens)
+        h *= self.embd_scale
         for il, L in enumerate(self.layers):
             check_cancel(cancel)
             x = hk.rms_norm(h, L.attn_norm, eps)
@@ -128,9 +129,9 @@ class Gemma3(Architecture):
                 pos,
                 L.window,
             )
-            h = h + hk.rms_norm(hk.matmul(L.wo, a), L.post_attn_norm, eps)
+            h += hk.rms_norm(hk.matmul(L.wo, a), L.post_attn_norm, eps)
             x = hk.rms_norm(h, L.ffn_norm, eps)
             gate, up = hk.matmul_many([L.w_gate, L.w_up], x, cancel)
-            h = h + hk.rms_norm(hk.matmul(L.w_down, hk.geglu(gate, up)), L.post_ffn_norm, eps)
+            h += hk.rms_norm(hk.matmul(L.w_down, hk.geglu(gate, up)), L.post_ffn_norm, eps)
         advance(segments)
         return output_logits(h, segments, spans, self.output_norm, self.output, eps, self.softcap)

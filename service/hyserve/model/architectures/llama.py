@@ -123,10 +123,10 @@ class Llama(Architecture):
                 pos,
                 kq_scale=self.kq_scale,
             )
-            h = h + hk.matmul(L.wo, a)
+            h += hk.matmul(L.wo, a)
             x = hk.rms_norm(h, L.ffn_norm, eps)
             gate, up = hk.matmul_many([L.w_gate, L.w_up], x, cancel)
-            h = h + hk.matmul(L.w_down, hk.swiglu(gate, up))
+            h += hk.matmul(L.w_down, hk.swiglu(gate, up))
         advance(segments)
         return output_logits(h, segments, spans, self.output_norm, self.output, eps)
 

@@ -87,14 +87,16 @@ class Mamba2(Architecture):
         for seg, span in zip(segments, spans):
             if span.stop == span.start:
                 continue
-            conv_state, ssm_state = states[id(seg.memory)][il]
+            conv_state, ssm_state, new_conv, new_ssm = states.layer(seg.memory, il)
             t = span.stop - span.start
-            u = hk.conv1d_causal(np.ascontiguousarray(xbc[span]), L.conv, conv_state, L.conv_bias, silu=True)
+            u = hk.conv1d_causal(
+                np.ascontiguousarray(xbc[span]), L.conv, conv_state, L.conv_bias, silu=True, new_state=new_conv
+            )
             xs = np.ascontiguousarray(u[:, :di]).reshape(t, nh, hd)
             b = np.ascontiguousarray(u[:, di : di + gn]).reshape(t, self.n_groups, self.d_state)
             c = np.ascontiguousarray(u[:, di + gn :]).reshape(t, self.n_groups, self.d_state)
             dts = np.ascontiguousarray(dt[span])
-            y[span] = hk.mamba2_scan(xs, dts, L.a, b, c, ssm_state, L.d, L.dt_bias)
+            y[span] = hk.mamba2_scan(xs, dts, L.a, b, c, ssm_state, L.d, L.dt_bias, new_state=new_ssm)
         gated = y.reshape(rows, di) * hk.silu(np.ascontiguousarray(z).reshape(-1)).reshape(rows, di)
         group = di // self.n_groups
         normed = hk.rms_norm(np.ascontiguousarray(gated).reshape(-1, group), None, self.eps).reshape(rows, di)
@@ -107,7 +109,7 @@ class Mamba2(Architecture):
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
             x = hk.rms_norm(h, layer.norm, self.eps)
-            h = h + self._mixer(layer, il, x, segments, spans, states, cancel)
+            h += self._mixer(layer, il, x, segments, spans, states, cancel)
         commit_states(segments, states)
         advance(segments)
         return output_logits(h, segments, spans, self.output_norm, self.output, self.eps)

@@ -87,11 +87,20 @@ def imrope_still_pairs(sections: Sequence[int] | None, n_rot: int) -> np.ndarray
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return (1.0 / (1.0 + np.exp(-x.astype(np.float32)))).astype(np.float32)
+    """`1 / (1 + exp(-x))` in f32, in one new array (the same operations as the plain expression)."""
+    y = np.negative(x, dtype=np.float32)
+    np.exp(y, out=y)
+    y += 1.0
+    return np.divide(1.0, y, out=y)
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
-    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0)))).astype(np.float32)
+    """`x > 20 ? x : log1p(exp(x))` for an f32 array, in one new array (the same operations as `np.where`)."""
+    y = np.minimum(x, 20.0)
+    np.exp(y, out=y)
+    np.log1p(y, out=y)
+    np.copyto(y, x, where=x > 20.0)
+    return y
 
 
 class QwenHybrid(Architecture):
@@ -216,7 +225,8 @@ class QwenHybrid(Architecture):
             pos,
             kq_scale=1.0 / math.sqrt(hd),
         )
-        return hk.matmul(L.wo, np.ascontiguousarray(a * sigmoid(gate)), cancel)
+        a *= sigmoid(gate)
+        return hk.matmul(L.wo, a, cancel)
 
     def _rope(self, x: np.ndarray, n_head: int, pos: np.ndarray) -> None:
         """NEOX RoPE in place over the first n_rot dims of each head, except IMROPE's still pairs."""
@@ -233,29 +243,37 @@ class QwenHybrid(Architecture):
         rows, nk, nv, dk, dv = len(x), self.nk, self.nv, self.dk, self.dv
         mixed, z, b, a = L.project(x, cancel)
         beta = sigmoid(b)
-        g = (L.a * softplus(a + L.dt_bias)).astype(np.float32)
+        g = softplus(np.add(a, L.dt_bias, dtype=np.float32))
+        g *= L.a
         o = np.empty((rows, nv, dv), dtype=np.float32)
         for seg, span in zip(segments, spans):
             if span.stop == span.start:
                 continue
-            conv_state, ssm_state = states[id(seg.memory)][il]
-            u = hk.conv1d_causal(np.ascontiguousarray(mixed[span]), L.conv, conv_state)
-            u = hk.silu(u.reshape(-1)).reshape(u.shape)  # ggml's SiLU
+            conv_state, ssm_state, new_conv, new_ssm = states.layer(seg.memory, il)
+            # ggml's SiLU: the convolution's own is the same per element when no row has a tail of
+            # fewer than 8 channels (which it computes with libm's expf)
+            fused = self.channels % 8 == 0
+            u = hk.conv1d_causal(np.ascontiguousarray(mixed[span]), L.conv, conv_state, silu=fused, new_state=new_conv)
+            if not fused:
+                u = hk.silu(u.reshape(-1)).reshape(u.shape)
             t = span.stop - span.start
-            q = hk.l2_norm(np.ascontiguousarray(u[:, : nk * dk]).reshape(-1, dk), self.eps).reshape(t, nk, dk)
-            k = hk.l2_norm(np.ascontiguousarray(u[:, nk * dk : 2 * nk * dk]).reshape(-1, dk), self.eps).reshape(
-                t, nk, dk
-            )
+            # q and k heads L2-normalised in one call (per row: the same bits as two)
+            qk = hk.l2_norm(np.ascontiguousarray(u[:, : 2 * nk * dk]).reshape(-1, dk), self.eps).reshape(t, 2 * nk, dk)
+            q, k = np.ascontiguousarray(qk[:, :nk]), np.ascontiguousarray(qk[:, nk:])
             if self.grouped_heads and nv != nk:
                 # the kernel pairs v head j with k head j % n_k: repeat each k head for its group
                 q, k = np.repeat(q, nv // nk, axis=1), np.repeat(k, nv // nk, axis=1)
             v = np.ascontiguousarray(u[:, 2 * nk * dk :]).reshape(t, nv, dv)
-            o[span] = hk.gated_delta_rule(
-                q, k, v, np.ascontiguousarray(g[span]), np.ascontiguousarray(beta[span]), ssm_state
+            out = hk.gated_delta_rule(
+                q, k, v, np.ascontiguousarray(g[span]), np.ascontiguousarray(beta[span]), ssm_state, new_state=new_ssm
             )
+            if t == rows:
+                o = out
+            else:
+                o[span] = out
         y = hk.rms_norm(o.reshape(-1, dv), L.norm, self.eps).reshape(rows, nv * dv)
-        y = y * hk.silu(np.ascontiguousarray(z).reshape(-1)).reshape(z.shape)
-        return hk.matmul(L.w_out, np.ascontiguousarray(y, dtype=np.float32), cancel)
+        y *= hk.silu(np.ascontiguousarray(z).reshape(-1)).reshape(z.shape)
+        return hk.matmul(L.w_out, y, cancel)
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, pos, spans = segment_rows(segments)
@@ -265,10 +283,10 @@ class QwenHybrid(Architecture):
             check_cancel(cancel)
             x = hk.rms_norm(h, layer.attn_norm, self.eps)
             if isinstance(layer.mixer, GatedAttention):
-                h = h + self._attention(layer.mixer, x, il, segments, spans, pos, cancel)
+                h += self._attention(layer.mixer, x, il, segments, spans, pos, cancel)
             else:
-                h = h + self._delta_net(layer.mixer, x, il, segments, spans, states, cancel)
-            h = h + layer.ffn(hk.rms_norm(h, layer.ffn_norm, self.eps), cancel)
+                h += self._delta_net(layer.mixer, x, il, segments, spans, states, cancel)
+            h += layer.ffn(hk.rms_norm(h, layer.ffn_norm, self.eps), cancel)
         commit_states(segments, states)
         advance(segments)
         return output_logits(h, segments, spans, self.output_norm, self.output, self.eps)
