@@ -94,7 +94,31 @@ def setup_hyserve(model_arg: str, threads: int, n_prompt: int, n_gen: int) -> Si
             logits = arch.forward([Segment(mem, np.array([tok], np.int32), Logits.LAST)])[0]
         return time.perf_counter() - t
 
-    return Side(load_s, pp, tg, {"simd": hk.simd_path()})
+    return Side(load_s, pp, tg, {"simd": hk.simd_path(), **snapshot_costs(arch, tokens[:64])})
+
+
+def snapshot_costs(arch, tokens: list[int], repeats: int = 20) -> dict:
+    """Median time to snapshot and to restore a sequence's non-truncatable state (recurrent layers),
+    and its size: what a prompt-cache checkpoint costs. Empty for attention-only models."""
+    from hyserve.model.architectures.base import Logits, Segment
+
+    mem = arch.new_memory(len(tokens) + 8)
+    if not mem.recurrent:
+        return {}
+    arch.forward([Segment(mem, np.asarray(tokens, np.int32), Logits.NONE)])
+    snaps, restores = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        snap = mem.snapshot()
+        snaps.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        mem.restore(snap)
+        restores.append(time.perf_counter() - t)
+    return {
+        "snapshot_bytes": snap.nbytes,
+        "snapshot_ms": statistics.median(snaps) * 1e3,
+        "restore_ms": statistics.median(restores) * 1e3,
+    }
 
 
 def setup_llama_cpp(path: str, threads: int, n_prompt: int, n_gen: int) -> Side:
