@@ -34,13 +34,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from cache_ledger import Ledger
 from fixtures.make_models import CHAT_TEMPLATE
 from server_process import running_server
 
-from hyserve.api.validation import prompt_tokens
-from hyserve.engine.cache_plan import common_prefix_len
-from hyserve.model.loader import LoadedModel, load_model
-from hyserve_client import Accepted, Delta, Finished, HyserveClient, build_generate_request
+from hyserve.model.loader import load_model
+from hyserve_client import Accepted, Delta, Finished, HyserveClient
 
 Message = dict[str, Any]
 
@@ -140,31 +139,6 @@ def scenarios() -> dict[str, list[list[Message]]]:
         "regenerate": [*again, again[-1], again[-1]],
         "interleaved": [m for pair in zip(a, b) for m in pair],
     }
-
-
-class Ledger:
-    """What the server has evaluated so far, to compute each prompt's minimum."""
-
-    def __init__(self, model: LoadedModel) -> None:
-        self.model = model
-        self.evaluated: list[list[int]] = []
-        self.prompts: list[list[int]] = []
-
-    def tokens(self, messages: list[Message]) -> list[int]:
-        ids, _ = prompt_tokens(
-            build_generate_request(messages=messages), self.model.tokenizer, self.model.chat_template
-        )
-        return ids
-
-    def minimum(self, prompt: list[int]) -> int:
-        if prompt in self.prompts:
-            return 0
-        seen = max((common_prefix_len(prompt, e) for e in self.evaluated), default=0)
-        return len(prompt) - min(seen, len(prompt) - 1)
-
-    def record(self, prompt: list[int], generated: list[int]) -> None:
-        self.evaluated.append(prompt + generated[:-1])
-        self.prompts.append(prompt)
 
 
 def replay(target: str, ledger: Ledger, gen: int) -> list[dict]:

@@ -19,20 +19,19 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import pytest
+from cache_ledger import Ledger
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import free_port, running_server
 
-from hyserve.api.validation import prompt_tokens
 from hyserve.engine.cache_plan import common_prefix_len
 from hyserve.engine.generator import StopRule, generate
 from hyserve.engine.sampling import SamplingParams
 from hyserve.model.loader import LoadedModel, load_model
-from hyserve_client import Accepted, Delta, Finished, FinishReason, HyserveClient, HyserveError, build_generate_request
+from hyserve_client import Accepted, Delta, Finished, FinishReason, HyserveClient, HyserveError
 
 make_models = pytest.importorskip("fixtures.make_models")
 
@@ -49,26 +48,12 @@ USERS = [
 REPLIES = ["I will call the list tool.", "The README explains setup.", "Counting now.", "engine.py is longest."]
 
 
-@dataclass
-class Served:
-    kind: str
-    target: str
-    model: LoadedModel
-    metrics_url: str
-    evaluated: list[list[int]] = field(default_factory=list)  # sequences whose state the server computed
-    prompts: list[list[int]] = field(default_factory=list)  # prompts whose last logits it has seen
+class Served(Ledger):
+    """A running server of one memory kind, with the ledger of what it has evaluated."""
 
-    def tokens(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> list[int]:
-        request = build_generate_request(messages=messages, **kwargs)
-        ids, _ = prompt_tokens(request, self.model.tokenizer, self.model.chat_template)
-        return ids
-
-    def minimum(self, prompt: list[int]) -> int:
-        """Prompt tokens that must be evaluated: those no earlier evaluation has covered."""
-        if prompt in self.prompts:
-            return 0
-        seen = max((common_prefix_len(prompt, e) for e in self.evaluated), default=0)
-        return len(prompt) - min(seen, len(prompt) - 1)
+    def __init__(self, kind: str, target: str, model: LoadedModel, metrics_url: str) -> None:
+        super().__init__(model)
+        self.kind, self.target, self.metrics_url = kind, target, metrics_url
 
     def reference(self, prompt: list[int], n: int = GEN) -> list[int]:
         stop = StopRule(max_tokens=n, ignore_eos=True)
@@ -86,8 +71,7 @@ class Served:
         assert finished.usage.processed_prompt_tokens == expected, (self.kind, accepted)
         assert accepted.reused_tokens == len(prompt) - expected
         assert generated == self.reference(prompt), "the cache changed an answer (I4)"
-        self.evaluated.append(prompt + generated[:-1])
-        self.prompts.append(prompt)
+        self.record(prompt, generated)
         return accepted, generated, finished
 
 
@@ -156,8 +140,7 @@ def test_a_agent_loop_processes_only_the_new_tokens(served: Served) -> None:
     # the live state continues a pure extension (token input: the prompt + the answer + more)
     prompt = served.tokens(chat(1, system="Plain continuation test."))
     _, first, _ = run(served.target, token_ids=prompt)
-    served.evaluated.append(prompt + first[:-1])
-    served.prompts.append(prompt)
+    served.record(prompt, first)
     extended = [*prompt, *first, *prompt[1:9]]
     accepted, _, finished = run(served.target, token_ids=extended)
     assert accepted.reused_tokens == len(prompt) + len(first) - 1
@@ -287,17 +270,13 @@ def test_g_a_cancelled_queued_task_changes_nothing_for_the_active_one(served: Se
     assert [type(e) for e in queued_events] == [Finished] and queued_events[0].reason is FinishReason.CANCELLED
     after = stats(served.target).counters
     assert after.prompt_tokens_received - before.prompt_tokens_received == len(prompt)  # the queued one never ran
-    served.evaluated.append(prompt + generated[:-1])
-    served.prompts.append(prompt)
+    served.record(prompt, generated)
 
 
 def test_cache_stats_report_checkpoints_and_the_store(served: Served) -> None:
     for system in ("Xylophone persona.", "Yak persona.", "Yak persona."):
         # the second takes the slot over (the first goes to the store); the third is a resend
-        served.evaluated.append(
-            served.tokens(chat(2, system=system)) + run(served.target, messages=chat(2, system=system))[1][:-1]
-        )
-        served.prompts.append(served.tokens(chat(2, system=system)))
+        served.record(served.tokens(chat(2, system=system)), run(served.target, messages=chat(2, system=system))[1])
     s = stats(served.target)
     [slot] = s.slots
     assert slot.cached_tokens > 0 and slot.checkpoints
