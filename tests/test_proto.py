@@ -511,14 +511,18 @@ class StubServicer(pb_grpc.HyserveServiceServicer):
         if request.WhichOneof("input") is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no input")
         task_id = request.task_id or "server-uuid"
+        if task_id == "slow":  # wait for the client to cancel the call
+            try:
+                yield pb.GenerateResponse(accepted=pb.Accepted(task_id=task_id, reuse_source=pb.REUSE_SOURCE_NONE))
+                while context.is_active():
+                    time.sleep(0.01)
+            finally:
+                # a cancel that lands while the generator waits at its yield closes it there instead
+                self.cancelled.append(task_id)
+            return
         yield pb.GenerateResponse(
             accepted=pb.Accepted(task_id=task_id, prompt_tokens=3, reuse_source=pb.REUSE_SOURCE_NONE)
         )
-        if task_id == "slow":  # wait for the client to cancel the call
-            while context.is_active():
-                time.sleep(0.01)
-            self.cancelled.append(task_id)
-            return
         for token, text in ((10, "Hel"), (11, "lo")):
             yield pb.GenerateResponse(delta=pb.Delta(token_ids=[token], text=text))
         yield pb.GenerateResponse(
