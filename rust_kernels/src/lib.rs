@@ -478,6 +478,23 @@ fn contiguous_mut<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
         .map_err(|_| value_error(format!("{what} must be a C-contiguous array")))
 }
 
+/// Where a recurrent kernel reads its state and writes the new one: in place in `state`, or into
+/// `new_state` (which must have `shape`), leaving `state` as it was.
+fn state_io<'a, D: numpy::ndarray::Dimension>(
+    state: &'a mut numpy::PyReadwriteArray<'_, f32, D>,
+    new_state: &'a mut Option<numpy::PyReadwriteArray<'_, f32, D>>,
+    shape: &[usize],
+) -> PyResult<(Option<&'a [f32]>, &'a mut [f32])> {
+    let st = contiguous_mut(state, "state")?;
+    match new_state {
+        Some(ns) => {
+            check_shape("new_state", ns.shape(), shape)?;
+            Ok((Some(&*st), contiguous_mut(ns, "new_state")?))
+        }
+        None => Ok((None, st)),
+    }
+}
+
 fn optional<'a>(
     a: &'a Option<PyReadonlyArray1<'_, f32>>,
     what: &str,
@@ -601,21 +618,14 @@ fn gated_delta_rule<'py>(
     check_shape("g", g.shape(), &[n, nv])?;
     check_shape("beta", beta.shape(), &[n, nv])?;
     check_shape("state", state.shape(), &[nv, dv, dk])?;
-    let mut new_state = new_state;
-    if let Some(ns) = &new_state {
-        check_shape("new_state", ns.shape(), &[nv, dv, dk])?;
-    }
     let (qs, ks, vs) = (
         contiguous(&q, "q")?,
         contiguous(&k, "k")?,
         contiguous(&v, "v")?,
     );
     let (gs, bs) = (contiguous(&g, "g")?, contiguous(&beta, "beta")?);
-    let st = contiguous_mut(&mut state, "state")?;
-    let (src, st) = match &mut new_state {
-        Some(ns) => (Some(&*st), contiguous_mut(ns, "new_state")?),
-        None => (None, st),
-    };
+    let mut new_state = new_state;
+    let (src, st) = state_io(&mut state, &mut new_state, &[nv, dv, dk])?;
     let shape = recurrent::GdnShape {
         n_tokens: n,
         n_k_heads: nk,
@@ -668,10 +678,6 @@ fn mamba2_scan<'py>(
     check_shape("b", b.shape(), &[n, ng, ns])?;
     check_shape("c", c.shape(), &[n, ng, ns])?;
     check_shape("state", state.shape(), &[nh, p, ns])?;
-    let mut new_state = new_state;
-    if let Some(nst) = &new_state {
-        check_shape("new_state", nst.shape(), &[nh, p, ns])?;
-    }
     let (ds, biases) = (optional(&d, "d", nh)?, optional(&dt_bias, "dt_bias", nh)?);
     let (xs, dts, a_s) = (
         contiguous(&x, "x")?,
@@ -679,11 +685,8 @@ fn mamba2_scan<'py>(
         contiguous(&a, "a")?,
     );
     let (bs, cs) = (contiguous(&b, "b")?, contiguous(&c, "c")?);
-    let st = contiguous_mut(&mut state, "state")?;
-    let (src, st) = match &mut new_state {
-        Some(nst) => (Some(&*st), contiguous_mut(nst, "new_state")?),
-        None => (None, st),
-    };
+    let mut new_state = new_state;
+    let (src, st) = state_io(&mut state, &mut new_state, &[nh, p, ns])?;
     let shape = recurrent::Mamba2Shape {
         n_tokens: n,
         n_heads: nh,
