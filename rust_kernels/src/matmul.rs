@@ -25,8 +25,11 @@ impl Weight<'_> {
 /// Activation rows that share one pass over each weight block (see `vec_dot_rows`).
 const TILE: usize = 4;
 /// Weight rows that share each activation block where a fused tile exists (`vec_dot_tile`): a
-/// 4x4 tile for prompts, 4x1 for single rows (decode) and the rows left over after the 4x4 tiles.
+/// 4x4 tile for prompts, 4x1 for the activation rows left over after the 4x4 tiles.
 const WTILE: usize = 4;
+/// How far ahead of the weight row being read the row-at-a-time path prefetches: the hardware
+/// prefetchers stop at 4 KiB pages, which left a single weight stream at ~5 GB/s per core.
+const PREFETCH_AHEAD: usize = 4096;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -95,12 +98,17 @@ pub fn matmul_many(
             }
             r += TILE;
         }
+        // Rows left after the 4-row tiles: their weights are still in cache, so tiles pay. With
+        // fewer than TILE rows (decode) the weights stream from memory: one weight row at a time
+        // with the stream prefetched ahead is faster there (measured in the commit message).
+        let rb = w.t.row_bytes(w.cols);
         for r in r..m {
             let mut n = start;
-            if tiled {
+            if tiled && m >= TILE {
                 n = tiles::<WTILE, 1>(w, acts, r, n, end, put);
             }
             for n in n..end {
+                prefetch(w.data, n * rb + PREFETCH_AHEAD, rb);
                 put(r, n, vec_dot(w.t, w.row(n), acts, r));
             }
         }
@@ -131,4 +139,22 @@ fn tiles<const W: usize, const R: usize>(
         n += W;
     }
     n
+}
+
+/// Ask for `len` bytes of `data` from offset `from` (clipped to the slice) to be brought into cache.
+#[inline(always)]
+fn prefetch(data: &[u8], from: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let end = (from + len).min(data.len());
+        let mut p = from;
+        while p < end {
+            // SAFETY: p < data.len(); a prefetch never faults and changes no memory.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(p) as *const i8) };
+            p += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, from, len);
 }
