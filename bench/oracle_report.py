@@ -35,11 +35,11 @@ def cases() -> list[tuple[str, str, dict]]:
 
 def measure(arch: str, qtype: str, kw: dict, workdir: Path) -> dict:
     from fixtures import make_models
-    from llama_oracle import LlamaOracle, kl_per_position
     from test_transformers import TEXT
 
     from hyserve.model.architectures.base import Logits, Segment
     from hyserve.model.loader import load_model
+    from llama_oracle import LlamaOracle, kl_per_position
 
     path = make_models.write_model(workdir / f"{arch}-{qtype}-{len(kw)}.gguf", arch, qtype=qtype, **kw)
     model = load_model(path)
