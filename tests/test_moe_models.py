@@ -1,17 +1,16 @@
 """Mixture-of-experts hybrids on tiny fixtures: `qwen35moe` (Qwen3.5 MoE) and `qwen3next`
 (Qwen3-Next: grouped V heads, fused ssm_ba, optionally the legacy fused ssm_in). llama.cpp oracle
-on prompts of 1, 7 and 300+ tokens (whole and in uneven chunks), exact snapshot/restore of the
-recurrent state, batch invariance across sequences, and cancel leaving memory intact."""
+on prompts of 1, 7 and 300+ tokens (whole and in uneven chunks). Their state tests (snapshot/restore,
+batch invariance, cancel) run with the other recurrent models in test_recurrent_models.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import hyserve_kernels as hk
 import numpy as np
 import pytest
 
-from hyserve.model.architectures.base import ForwardCancelled, Logits, Segment
+from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import LoadedModel, load_model
 from llama_oracle import LlamaOracle, kl_per_position
 
@@ -33,7 +32,6 @@ ORACLE_CASES = [
 ]
 # q8_0: every op on these paths matches ggml's, so the logits equal llama.cpp's bit for bit
 BIT_EXACT = {("qwen35moe", "q8_0"), ("qwen3next", "q8_0")}
-STATE_CASES = [("qwen35moe", "q8_0", {}), ("qwen3next", "f32", {"legacy_ssm_in": True})]
 
 
 def build(tmp_path_factory: pytest.TempPathFactory, arch: str, qtype: str, kw: dict) -> tuple[Path, LoadedModel]:
@@ -80,59 +78,3 @@ def test_matches_llama_cpp(arch: str, qtype: str, kw: dict, tmp_path_factory: py
         np.testing.assert_array_equal(in_chunks(model, long, [3, 1, 50, 7, len(long) - 61]), whole)
     finally:
         oracle.close()
-
-
-@pytest.fixture(scope="module", params=STATE_CASES, ids=[f"{a}-{q}" for a, q, _ in STATE_CASES])
-def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    arch, qtype, kw = request.param
-    return build(tmp_path_factory, arch, qtype, kw)[1]
-
-
-def test_single_tokens_are_bit_identical(model: LoadedModel) -> None:
-    tokens = model.tokenizer.encode(TEXT)[:40]
-    memory = model.arch.new_memory(1024)
-    np.testing.assert_array_equal(np.concatenate([run(model, memory, [t]) for t in tokens]), fresh(model, tokens))
-
-
-def test_snapshot_restore_is_exact(model: LoadedModel) -> None:
-    """Evaluate A, snapshot after n tokens, continue with B, restore, continue with C:
-    the logits equal a fresh evaluation of A[:n] + C, bit for bit."""
-    a = model.tokenizer.encode("The first part of a conversation that we keep.")
-    b = model.tokenizer.encode(" A branch that will be thrown away later on.")
-    c = model.tokenizer.encode(" And the real continuation.")
-    memory = model.arch.new_memory(1024)
-    run(model, memory, a, Logits.NONE)
-    snap = memory.snapshot()
-    assert snap.n_tokens == len(a) and snap.nbytes > 0
-    run(model, memory, b, Logits.NONE)
-    memory.restore(snap)
-    assert memory.n_tokens == len(a)
-    np.testing.assert_array_equal(run(model, memory, c), fresh(model, a + c)[len(a) :])
-
-
-def test_sequences_in_one_batch_equal_separate_runs(model: LoadedModel) -> None:
-    texts = ["one sequence about trees", "a different one, about the sea and boats", "x"]
-    seqs = [model.tokenizer.encode(t) for t in texts]
-    memories = [model.arch.new_memory(256) for _ in seqs]
-    run(model, memories[0], seqs[0][:3], Logits.NONE)  # one sequence already under way
-    parts = [seqs[0][3:], seqs[1], seqs[2]]
-    both = model.arch.forward([Segment(m, np.asarray(p, np.int32), Logits.ALL) for m, p in zip(memories, parts)])
-    np.testing.assert_array_equal(both[0], fresh(model, seqs[0])[3:])
-    np.testing.assert_array_equal(both[1], fresh(model, seqs[1]))
-    np.testing.assert_array_equal(both[2], fresh(model, seqs[2]))
-
-
-def test_cancel_leaves_memory_untouched(model: LoadedModel) -> None:
-    tokens = model.tokenizer.encode("cancel me in the middle of a forward call please")
-    memory, flag = model.arch.new_memory(256), hk.CancelFlag()
-    run(model, memory, tokens[:4], Logits.NONE)
-    before = memory.snapshot()
-    flag.set()
-    with pytest.raises(ForwardCancelled):
-        model.arch.forward([Segment(memory, np.asarray(tokens[4:], np.int32), Logits.ALL)], cancel=flag)
-    after = memory.snapshot()
-    assert after.n_tokens == before.n_tokens
-    for il, (conv, ssm) in before.states.items():
-        np.testing.assert_array_equal(after.states[il][0], conv)
-        np.testing.assert_array_equal(after.states[il][1], ssm)
-    np.testing.assert_array_equal(run(model, memory, tokens[4:]), fresh(model, tokens)[4:])

@@ -1,6 +1,7 @@
 """Recurrent architectures on tiny fixtures: the Qwen3.5 hybrid (`qwen35`: Gated DeltaNet + gated
-attention) and Mamba2 (`mamba2`). llama.cpp oracle, batch invariance, exact snapshot/restore of the
-recurrent state, and cancel leaving memory intact."""
+attention), Mamba2 (`mamba2`) and, for the state tests, the MoE hybrids (`qwen35moe`, `qwen3next`;
+their oracle cases are in test_moe_models.py). llama.cpp oracle, batch invariance, exact
+snapshot/restore of the recurrent state, and cancel leaving memory intact."""
 
 from __future__ import annotations
 
@@ -17,13 +18,27 @@ TEXT = "def main():\n    print('hello world')\n    return 0\n# The quick brown f
 
 
 CASES = [("qwen35", "f32"), ("qwen35", "q8_0"), ("mamba2", "f32"), ("mamba2", "q8_0")]
+STATE_CASES = [(a, q, {}) for a, q in CASES] + [
+    ("qwen35moe", "q8_0", {}),
+    ("qwen3next", "f32", {"legacy_ssm_in": True}),
+]
+
+
+def build(tmp_path_factory: pytest.TempPathFactory, arch: str, qtype: str, kw: dict):
+    path = make_models.write_model(tmp_path_factory.mktemp(arch) / f"{arch}-{qtype}.gguf", arch, qtype=qtype, **kw)
+    return path, load_model(path)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{a}-{q}" for a, q in CASES])
 def fixture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     arch, qtype = request.param
-    path = make_models.write_model(tmp_path_factory.mktemp(arch) / f"{arch}-{qtype}.gguf", arch, qtype=qtype)
-    return path, load_model(path)
+    return build(tmp_path_factory, arch, qtype, {})
+
+
+@pytest.fixture(scope="module", params=STATE_CASES, ids=[f"{a}-{q}" for a, q, _ in STATE_CASES])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    arch, qtype, kw = request.param
+    return build(tmp_path_factory, arch, qtype, kw)[1]
 
 
 def run(model, memory, tokens, logits: Logits = Logits.ALL) -> np.ndarray:
@@ -51,8 +66,7 @@ def test_matches_llama_cpp(fixture) -> None:
         oracle.close()
 
 
-def test_chunks_and_single_tokens_are_bit_identical(fixture) -> None:
-    _, model = fixture
+def test_chunks_and_single_tokens_are_bit_identical(model) -> None:
     tokens = model.tokenizer.encode(TEXT)[:90]
     whole = fresh(model, tokens)
     memory = model.arch.new_memory(1024)
@@ -62,10 +76,9 @@ def test_chunks_and_single_tokens_are_bit_identical(fixture) -> None:
     np.testing.assert_array_equal(np.concatenate([run(model, memory, [t]) for t in tokens]), whole)
 
 
-def test_snapshot_restore_is_exact(fixture) -> None:
+def test_snapshot_restore_is_exact(model) -> None:
     """Evaluate A, snapshot after n tokens, continue with B, restore, continue with C:
     the logits equal a fresh evaluation of A[:n] + C, bit for bit."""
-    _, model = fixture
     a = model.tokenizer.encode("The first part of a conversation that we keep.")
     b = model.tokenizer.encode(" A branch that will be thrown away later on.")
     c = model.tokenizer.encode(" And the real continuation.")
@@ -81,21 +94,19 @@ def test_snapshot_restore_is_exact(fixture) -> None:
         memory.truncate(len(a) - 1)
 
 
-def test_two_sequences_in_one_batch_equal_separate_runs(fixture) -> None:
-    _, model = fixture
-    x = model.tokenizer.encode("one sequence about trees")
-    y = model.tokenizer.encode("a different one, about the sea and boats")
-    mx, my = model.arch.new_memory(256), model.arch.new_memory(256)
-    run(model, mx, x[:3], Logits.NONE)
-    both = model.arch.forward(
-        [Segment(mx, np.asarray(x[3:], np.int32), Logits.ALL), Segment(my, np.asarray(y, np.int32), Logits.ALL)]
-    )
-    np.testing.assert_array_equal(both[0], fresh(model, x)[3:])
-    np.testing.assert_array_equal(both[1], fresh(model, y))
+def test_sequences_in_one_batch_equal_separate_runs(model) -> None:
+    texts = ["one sequence about trees", "a different one, about the sea and boats", "x"]
+    seqs = [model.tokenizer.encode(t) for t in texts]
+    memories = [model.arch.new_memory(256) for _ in seqs]
+    run(model, memories[0], seqs[0][:3], Logits.NONE)  # one sequence already under way
+    parts = [seqs[0][3:], seqs[1], seqs[2]]
+    out = model.arch.forward([Segment(m, np.asarray(p, np.int32), Logits.ALL) for m, p in zip(memories, parts)])
+    np.testing.assert_array_equal(out[0], fresh(model, seqs[0])[3:])
+    np.testing.assert_array_equal(out[1], fresh(model, seqs[1]))
+    np.testing.assert_array_equal(out[2], fresh(model, seqs[2]))
 
 
-def test_cancel_leaves_recurrent_state_untouched(fixture) -> None:
-    _, model = fixture
+def test_cancel_leaves_recurrent_state_untouched(model) -> None:
     tokens = model.tokenizer.encode("cancel me in the middle of a forward call please")
     memory, flag = model.arch.new_memory(256), hk.CancelFlag()
     run(model, memory, tokens[:4], Logits.NONE)
