@@ -1,7 +1,8 @@
 """Recurrent architectures on tiny fixtures: the Qwen3.5 hybrid (`qwen35`: Gated DeltaNet + gated
-attention), Mamba2 (`mamba2`) and, for the state tests, the MoE hybrids (`qwen35moe`, `qwen3next`;
-their oracle cases are in test_moe_models.py). llama.cpp oracle, batch invariance, exact
-snapshot/restore of the recurrent state, and cancel leaving memory intact."""
+attention) and Mamba2 (`mamba2`) against the llama.cpp oracle; then the sequence-memory tests for
+every fixture architecture (also the MoE hybrids `qwen35moe`, `qwen3next` and the plain
+transformers `llama`, `qwen3`, whose oracle cases live in their own files): batch invariance, exact
+snapshot/restore, and cancel leaving memory intact."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ CASES = [("qwen35", "f32"), ("qwen35", "q8_0"), ("mamba2", "f32"), ("mamba2", "q
 STATE_CASES = [(a, q, {}) for a, q in CASES] + [
     ("qwen35moe", "q8_0", {}),
     ("qwen3next", "f32", {"legacy_ssm_in": True}),
+    ("llama", "q8_0", {}),  # attention only: the snapshot is empty, restore truncates the KV cache
+    ("qwen3", "f32", {}),
 ]
 
 
@@ -85,13 +88,14 @@ def test_snapshot_restore_is_exact(model) -> None:
     memory = model.arch.new_memory(1024)
     run(model, memory, a, Logits.NONE)
     snap = memory.snapshot()
-    assert snap.n_tokens == len(a) and snap.nbytes > 0
+    assert snap.n_tokens == len(a) and (snap.nbytes > 0) == bool(memory.recurrent)
     run(model, memory, b, Logits.NONE)
     memory.restore(snap)
     assert memory.n_tokens == len(a)
     np.testing.assert_array_equal(run(model, memory, c), fresh(model, a + c)[len(a) :])
-    with pytest.raises(ValueError, match="snapshot"):
-        memory.truncate(len(a) - 1)
+    if memory.recurrent:  # a recurrent state cannot go back without a snapshot
+        with pytest.raises(ValueError, match="snapshot"):
+            memory.truncate(len(a) - 1)
 
 
 def test_sequences_in_one_batch_equal_separate_runs(model) -> None:
@@ -106,7 +110,7 @@ def test_sequences_in_one_batch_equal_separate_runs(model) -> None:
     np.testing.assert_array_equal(out[2], fresh(model, seqs[2]))
 
 
-def test_cancel_leaves_recurrent_state_untouched(model) -> None:
+def test_cancel_leaves_memory_untouched(model) -> None:
     tokens = model.tokenizer.encode("cancel me in the middle of a forward call please")
     memory, flag = model.arch.new_memory(256), hk.CancelFlag()
     run(model, memory, tokens[:4], Logits.NONE)
