@@ -557,18 +557,11 @@ fn conv1d_causal<'py>(
     let bs = optional(&bias, "conv bias", ch)?;
     let (xs, ws) = (contiguous(&x, "x")?, contiguous(&weight, "weight")?);
     let mut new_state = new_state;
-    if let Some(ns) = &new_state {
-        check_shape("new conv state", ns.shape(), &[kernel - 1, ch])?;
-    }
-    let st = contiguous_mut(&mut state, "state")?;
-    let dst = match &mut new_state {
-        Some(ns) => Some(contiguous_mut(ns, "new_state")?),
-        None => None,
-    };
+    let (src, st) = state_io(&mut state, &mut new_state, &[kernel - 1, ch])?;
     let out = py.detach(|| {
         let mut out = vec![0.0f32; n * ch];
-        let conv = |out: &mut [f32]| match dst {
-            Some(dst) => recurrent::conv1d_causal_from(xs, ws, bs, st, dst, ch, kernel, silu, out),
+        let mut conv = |out: &mut [f32]| match src {
+            Some(src) => recurrent::conv1d_causal_from(xs, ws, bs, src, st, ch, kernel, silu, out),
             None => recurrent::conv1d_causal(xs, ws, bs, st, ch, kernel, silu, out),
         };
         if recurrent::conv_is_serial(n) {
