@@ -76,30 +76,31 @@ fn dot_lanes(x: &[f32], y: &[f32]) -> f32 {
     ordered_sum(reduce32(&lanes), &x[np..], &y[np..])
 }
 
-/// Delta rule, first half for one state row: `row *= e` (the decay), then `dot(row, k)`.
+/// Delta rule, first half for one state row: `row = from · e` (the decay; `from` is the row's
+/// previous value, `None` for `row` itself), then `dot(row, k)`.
 #[inline(always)]
-fn decay_dot<const AVX: bool>(row: &mut [f32], e: f32, k: &[f32]) -> f32 {
+fn decay_dot<const AVX: bool>(from: Option<&[f32]>, row: &mut [f32], e: f32, k: &[f32]) -> f32 {
+    let n = row.len();
+    assert!(from.is_none_or(|f| f.len() == n) && k.len() == n);
     #[cfg(target_arch = "x86_64")]
     if AVX {
-        // SAFETY: AVX is only true inside the avx2 wrappers, entered after CPU detection.
-        return unsafe { avx2::decay_dot(row, e, k) };
+        let dst = row.as_mut_ptr();
+        let src = from.map_or(dst as *const f32, <[f32]>::as_ptr);
+        // SAFETY: AVX is only true inside the avx2 wrappers, entered after CPU detection; `src`
+        // and `dst` hold n elements (asserted), `src` is `dst` itself or a distinct slice.
+        return unsafe { avx2::decay_dot(src, dst, n, e, k) };
     }
-    for s in row.iter_mut() {
-        *s *= e;
-    }
-    dot_lanes(row, k)
-}
-
-/// `decay_dot` of the row `src`, written to `row` instead of in place (the same operations).
-#[inline(always)]
-fn decay_dot_from<const AVX: bool>(src: &[f32], row: &mut [f32], e: f32, k: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if AVX {
-        // SAFETY: as in `decay_dot`.
-        return unsafe { avx2::decay_dot_from(src, row, e, k) };
-    }
-    for (s, &x) in row.iter_mut().zip(src) {
-        *s = x * e;
+    match from {
+        Some(from) => {
+            for (s, &x) in row.iter_mut().zip(from) {
+                *s = x * e;
+            }
+        }
+        None => {
+            for s in row.iter_mut() {
+                *s *= e;
+            }
+        }
     }
     dot_lanes(row, k)
 }
@@ -161,48 +162,26 @@ mod avx2 {
         _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
     }
 
+    /// `dst = src · e` (`n` elements; `src` may be `dst`), then `dot(dst, k)` in ggml's order.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn decay_dot(row: &mut [f32], e: f32, k: &[f32]) -> f32 {
-        let n = row.len();
+    pub unsafe fn decay_dot(src: *const f32, dst: *mut f32, n: usize, e: f32, k: &[f32]) -> f32 {
         let np = n & !31;
-        let (rp, kp) = (row.as_mut_ptr(), k.as_ptr());
+        let kp = k.as_ptr();
         let ve = _mm256_set1_ps(e);
         let mut acc = [_mm256_setzero_ps(); 4];
         for i in (0..np).step_by(32) {
             for (j, a) in acc.iter_mut().enumerate() {
-                let p = rp.add(i + 8 * j);
-                let s = _mm256_mul_ps(_mm256_loadu_ps(p), ve);
-                _mm256_storeu_ps(p, s);
+                let s = _mm256_mul_ps(_mm256_loadu_ps(src.add(i + 8 * j)), ve);
+                _mm256_storeu_ps(dst.add(i + 8 * j), s);
                 *a = _mm256_fmadd_ps(s, _mm256_loadu_ps(kp.add(i + 8 * j)), *a);
             }
         }
-        for s in &mut row[np..] {
-            *s *= e;
+        for i in np..n {
+            *dst.add(i) = *src.add(i) * e;
         }
-        super::ordered_sum(reduce(acc), &row[np..], &k[np..])
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn decay_dot_from(src: &[f32], row: &mut [f32], e: f32, k: &[f32]) -> f32 {
-        let n = row.len();
-        assert_eq!(src.len(), n);
-        let np = n & !31;
-        let (sp, rp, kp) = (src.as_ptr(), row.as_mut_ptr(), k.as_ptr());
-        let ve = _mm256_set1_ps(e);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for i in (0..np).step_by(32) {
-            for (j, a) in acc.iter_mut().enumerate() {
-                let s = _mm256_mul_ps(_mm256_loadu_ps(sp.add(i + 8 * j)), ve);
-                _mm256_storeu_ps(rp.add(i + 8 * j), s);
-                *a = _mm256_fmadd_ps(s, _mm256_loadu_ps(kp.add(i + 8 * j)), *a);
-            }
-        }
-        for (s, &x) in row[np..].iter_mut().zip(&src[np..]) {
-            *s = x * e;
-        }
-        super::ordered_sum(reduce(acc), &row[np..], &k[np..])
+        let tail = std::slice::from_raw_parts(dst.add(np), n - np);
+        super::ordered_sum(reduce(acc), tail, &k[np..n])
     }
 
     #[inline]
@@ -539,22 +518,16 @@ fn gdn_head<const AVX: bool>(
         let ot = &mut o[t * dv..(t + 1) * dv];
         // Rows are independent, so doing each row's four steps together gives the same bits as
         // ggml's four passes over the whole matrix.
-        match src {
-            Some(src) if t == 0 => {
-                let rows = st.chunks_exact_mut(dk).zip(src.chunks_exact(dk));
-                for (((row, from), &vj), oj) in rows.zip(v).zip(ot.iter_mut()) {
-                    let sk = decay_dot_from::<AVX>(from, row, decay, k);
-                    let delta = (vj - sk) * beta;
-                    *oj = update_dot::<AVX>(row, k, delta, q) * scale;
-                }
-            }
-            _ => {
-                for ((row, &vj), oj) in st.chunks_exact_mut(dk).zip(v).zip(ot.iter_mut()) {
-                    let sk = decay_dot::<AVX>(row, decay, k);
-                    let delta = (vj - sk) * beta;
-                    *oj = update_dot::<AVX>(row, k, delta, q) * scale;
-                }
-            }
+        let from = src.filter(|_| t == 0); // after the first token the state is in `st`
+        for (j, ((row, &vj), oj)) in st
+            .chunks_exact_mut(dk)
+            .zip(v)
+            .zip(ot.iter_mut())
+            .enumerate()
+        {
+            let sk = decay_dot::<AVX>(from.map(|f| &f[j * dk..(j + 1) * dk]), row, decay, k);
+            let delta = (vj - sk) * beta;
+            *oj = update_dot::<AVX>(row, k, delta, q) * scale;
         }
     }
 }
