@@ -72,7 +72,7 @@ def output_logits(
 class WorkingStates:
     """The recurrent states a forward call produces, kept apart from the memories' own until the
     whole call succeeded (I1). A layer's kernels read the memory's (conv, ssm) states and write the
-    new ones into spare buffers (`new_state=`); `commit_states` swaps those in. The replaced arrays
+    new ones into spare buffers (`new_state=`); `commit` swaps those in. The replaced arrays
     become the spare buffers of later calls, so a forward neither copies nor allocates states, and
     a call that raises leaves every memory's arrays as they were."""
 
@@ -120,14 +120,3 @@ def _spare(like: np.ndarray) -> np.ndarray:
         return _SPARE[_spare_key(like)].pop()
     except (KeyError, IndexError):
         return np.empty_like(like)
-
-
-def working_states(segments: Sequence[Segment]) -> WorkingStates:
-    """Working copies of the segments' recurrent states for a forward call to update (by memory and
-    layer: `states.layer(memory, il)`); `commit_states` puts them in only once the whole call
-    succeeded (I1)."""
-    return WorkingStates()
-
-
-def commit_states(segments: Sequence[Segment], states: WorkingStates) -> None:
-    states.commit()

@@ -16,7 +16,7 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import advance, commit_states, output_logits, working_states
+from hyserve.model.architectures.common import WorkingStates, advance, output_logits
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
 from hyserve.model.memory import RecurrentState, SequenceMemory
@@ -104,12 +104,12 @@ class Mamba2(Architecture):
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, _, spans = segment_rows(segments)
-        states = working_states(segments)
+        states = WorkingStates()
         h = hk.get_rows(self.token_embd, tokens)
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
             x = hk.rms_norm(h, layer.norm, self.eps)
             h += self._mixer(layer, il, x, segments, spans, states, cancel)
-        commit_states(segments, states)
+        states.commit()
         advance(segments)
         return output_logits(h, segments, spans, self.output_norm, self.output, self.eps)

@@ -18,7 +18,7 @@ import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.model.architectures.base import Architecture, Segment, check_cancel, segment_rows
-from hyserve.model.architectures.common import advance, attend, commit_states, output_logits, working_states
+from hyserve.model.architectures.common import WorkingStates, advance, attend, output_logits
 from hyserve.model.architectures.ffn import Ffn
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 from hyserve.model.hparams import HParams
@@ -277,7 +277,7 @@ class QwenHybrid(Architecture):
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, pos, spans = segment_rows(segments)
-        states = working_states(segments)  # committed only after the whole call succeeded
+        states = WorkingStates()  # committed only after the whole call succeeded
         h = hk.get_rows(self.token_embd, tokens)
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
@@ -287,6 +287,6 @@ class QwenHybrid(Architecture):
             else:
                 h += self._delta_net(layer.mixer, x, il, segments, spans, states, cancel)
             h += layer.ffn(hk.rms_norm(h, layer.ffn_norm, self.eps), cancel)
-        commit_states(segments, states)
+        states.commit()
         advance(segments)
         return output_logits(h, segments, spans, self.output_norm, self.output, self.eps)
