@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +14,6 @@ import pytest
 from hyserve.model.architectures.base import Logits, Segment
 
 APACHE = Path("/usr/share/common-licenses/Apache-2.0")
-
-# The oracle pins llama.cpp to its batch-independent vec_dot kernels (GGML_CPU_TILED_MM=0, see
-# llama_oracle.py); set here too in case this module is collected before llama_oracle is imported.
-os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
 
 def oracle_prompts() -> dict[str, str]:
