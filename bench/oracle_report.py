@@ -39,7 +39,7 @@ def measure(arch: str, qtype: str, kw: dict, workdir: Path) -> dict:
 
     from hyserve.model.architectures.base import Logits, Segment
     from hyserve.model.loader import load_model
-    from llama_oracle import LlamaOracle, kl_per_position
+    from llama_oracle import LlamaOracle, kl_per_position, top1_agreement
 
     path = make_models.write_model(workdir / f"{arch}-{qtype}-{len(kw)}.gguf", arch, qtype=qtype, **kw)
     model = load_model(path)
@@ -55,7 +55,7 @@ def measure(arch: str, qtype: str, kw: dict, workdir: Path) -> dict:
                 {
                     "tokens": len(tokens),
                     "mean_kl": float(kl_per_position(ref, ours).mean()),
-                    "top1": float((ref.argmax(-1) == ours.argmax(-1)).mean()),
+                    "top1": top1_agreement(ref, ours),
                     "bit_identical": bool(np.array_equal(ours, ref)),
                 }
             )

@@ -90,3 +90,8 @@ def kl_per_position(reference: np.ndarray, ours: np.ndarray) -> np.ndarray:
     """KL(reference || ours) in nats at every position."""
     lp, lq = log_softmax(reference), log_softmax(ours)
     return (np.exp(lp) * (lp - lq)).sum(-1)
+
+
+def top1_agreement(reference: np.ndarray, ours: np.ndarray) -> float:
+    """Share of positions where both pick the same most likely token."""
+    return float((reference.argmax(-1) == ours.argmax(-1)).mean())

@@ -10,7 +10,7 @@ import pytest
 
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import load_model
-from llama_oracle import LlamaOracle, kl_per_position
+from llama_oracle import LlamaOracle, kl_per_position, top1_agreement
 
 make_models = pytest.importorskip("fixtures.make_models")
 
@@ -47,7 +47,7 @@ def test_matches_llama_cpp(arch: str, qtype: str, kw: dict, tmp_path: Path) -> N
             ours = logits_in_chunks(model, tokens, [len(tokens)])
             ref = oracle.logits(tokens)
             kl = kl_per_position(ref, ours)
-            top1 = (ref.argmax(-1) == ours.argmax(-1)).mean()
+            top1 = top1_agreement(ref, ours)
             # random-weight fixtures have flat distributions: near-ties decide the rare top-1 misses
             assert kl.mean() <= 1e-3 and top1 >= 0.99, (len(tokens), kl.mean(), top1)
         chunks = [3, 1, 50, 7, len(long) - 61]
