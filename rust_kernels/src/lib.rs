@@ -629,7 +629,7 @@ fn gated_delta_rule<'py>(
     let out = py.detach(|| {
         let mut out = vec![0.0f32; n * nv * dv];
         threads::run(|| {
-            recurrent::gated_delta_rule_from(qs, ks, vs, gs, bs, src, st, shape, l2_eps, &mut out)
+            recurrent::gated_delta_rule(qs, ks, vs, gs, bs, src, st, shape, l2_eps, &mut out)
         });
         out
     });
@@ -690,7 +690,7 @@ fn mamba2_scan<'py>(
     let out = py.detach(|| {
         let mut out = vec![0.0f32; n * nh * p];
         threads::run(|| {
-            recurrent::mamba2_scan_from(xs, dts, a_s, bs, cs, ds, biases, src, st, shape, &mut out)
+            recurrent::mamba2_scan(xs, dts, a_s, bs, cs, ds, biases, src, st, shape, &mut out)
         });
         out
     });

@@ -543,29 +543,12 @@ fn gdn_head<const AVX: bool>(
 /// llama.cpp does for qwen35 / qwen3next); `v` = n_tokens ×
 /// n_v_heads × d_v; `g` (log-decay, ≤ 0) and `beta` = n_tokens × n_v_heads; `state` = n_v_heads ×
 /// d_v × d_k with `state[h, j, i] = S[i, j]` (llama.cpp's layout: key index contiguous, i.e. HF's
-/// per-head matrix transposed), updated in place; `out` = n_tokens × n_v_heads × d_v.
+/// per-head matrix transposed); `out` = n_tokens × n_v_heads × d_v. The recurrence continues from
+/// `state_in` when given (left as it was; the first token's decay reads it and writes `state`, so
+/// no copy is made), else from `state`, and the new state is written to `state` either way.
 /// Use it inside `threads::run`.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_rule(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    s: GdnShape,
-    l2_eps: Option<f32>,
-    out: &mut [f32],
-) {
-    gated_delta_rule_from(q, k, v, g, beta, None, state, s, l2_eps, out)
-}
-
-/// `gated_delta_rule` continuing from `state_in` when given (else from `state`), writing the new
-/// state to `state` (same shape; `state_in` is left as it was): the same bits as
-/// `gated_delta_rule` on a copy of `state_in`, without the copy: the first token's decay reads
-/// `state_in` and writes `state`.
-#[allow(clippy::too_many_arguments)]
-pub fn gated_delta_rule_from(
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -714,29 +697,11 @@ fn mamba2_head<const AVX: bool>(a: &Mamba2Args, h: usize, st: &mut [f32], o: &mu
 /// ```
 /// Layouts (C order): `x` = n_tokens × H × P; `dt` = n_tokens × H (raw, before softplus); `a` = H
 /// (GGUF `ssm_a`, already −exp(A_log)); `b`, `c` = n_tokens × G × N; `d`, `dt_bias` = H;
-/// `state` = H × P × N (llama.cpp's layout), updated in place; `out` = n_tokens × H × P.
-/// Use it inside `threads::run`.
+/// `state` = H × P × N (llama.cpp's layout); `out` = n_tokens × H × P. The scan continues from
+/// `state_in` when given (left as it was), else from `state`, and the new state is written to
+/// `state` either way. Use it inside `threads::run`.
 #[allow(clippy::too_many_arguments)]
 pub fn mamba2_scan(
-    x: &[f32],
-    dt: &[f32],
-    a: &[f32],
-    b: &[f32],
-    c: &[f32],
-    d: Option<&[f32]>,
-    dt_bias: Option<&[f32]>,
-    state: &mut [f32],
-    s: Mamba2Shape,
-    out: &mut [f32],
-) {
-    mamba2_scan_from(x, dt, a, b, c, d, dt_bias, None, state, s, out)
-}
-
-/// `mamba2_scan` continuing from `state_in` when given (else from `state`), writing the new state
-/// to `state` (same shape; `state_in` is left as it was): the same bits as `mamba2_scan` on a copy
-/// of `state_in`.
-#[allow(clippy::too_many_arguments)]
-pub fn mamba2_scan_from(
     x: &[f32],
     dt: &[f32],
     a: &[f32],

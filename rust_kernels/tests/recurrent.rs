@@ -185,6 +185,7 @@ fn run_gdn(c: &Gdn, chunks: &[usize], l2_eps: Option<f32>) -> (Vec<f32>, Vec<f32
             &c.v[t0 * nv * dv..(t0 + n) * nv * dv],
             &c.g[t0 * nv..(t0 + n) * nv],
             &c.beta[t0 * nv..(t0 + n) * nv],
+            None,
             &mut state,
             GdnShape {
                 n_tokens: n,
@@ -396,6 +397,7 @@ fn run_mamba(m: &Mamba, chunks: &[usize]) -> (Vec<f32>, Vec<f32>) {
             &m.c[t0 * ng * ns..(t0 + n) * ng * ns],
             m.d.as_deref(),
             m.dt_bias.as_deref(),
+            None,
             &mut state,
             Mamba2Shape { n_tokens: n, ..m.s },
             &mut o,
