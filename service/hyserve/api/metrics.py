@@ -2,12 +2,16 @@
 
 A custom collector reads one `Engine.stats()` snapshot per scrape, so the endpoint and the
 CacheStats RPC always agree. Names follow the vLLM/GIE conventions where one exists
-(`..._num_requests_running`, `..._num_requests_waiting`, `..._kv_cache_usage_perc`).
+(`..._num_requests_running`, `..._num_requests_waiting`, `..._kv_cache_usage_perc`). The gauges a
+router scrapes (ROUTER_GAUGES) carry `model_name` and `replica` labels, as vLLM's carry `model_name`;
+`hyserve_replica_info` states the replica's identity and shape once.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -15,19 +19,45 @@ from prometheus_client.registry import Collector
 
 from hyserve.engine.engine import EngineStats, SlotState
 
-__all__ = ["StatsCollector", "serve_metrics"]
+__all__ = ["ROUTER_GAUGES", "ReplicaIdentity", "StatsCollector", "prompt_cache_hit_ratio", "serve_metrics"]
 
 PREFIX = "hyserve"
+# name -> the vLLM metric with the same semantics (what a router's flags point at)
+ROUTER_GAUGES = {
+    f"{PREFIX}_num_requests_waiting": "vllm:num_requests_waiting",
+    f"{PREFIX}_num_requests_running": "vllm:num_requests_running",
+    f"{PREFIX}_kv_cache_usage_perc": "vllm:kv_cache_usage_perc",
+    f"{PREFIX}_prompt_cache_hit_ratio": "sglang:cache_hit_rate",
+}
+
+
+@dataclass(frozen=True)
+class ReplicaIdentity:
+    replica: str
+    model_name: str
+    n_slots: int
+
+    @classmethod
+    def of(cls, replica_id: str | None, model_name: str, n_slots: int) -> ReplicaIdentity:
+        # the hostname is the pod name on Kubernetes and the container id under compose
+        return cls(replica_id or socket.gethostname(), model_name, n_slots)
+
+
+def prompt_cache_hit_ratio(received: int, reused: int) -> float:
+    """Share of all prompt tokens received whose state came from the cache (0 before any request)."""
+    return reused / received if received else 0.0
 
 
 class StatsCollector(Collector):
-    def __init__(self, stats: Callable[[], EngineStats], n_ctx: int) -> None:
+    def __init__(self, stats: Callable[[], EngineStats], n_ctx: int, identity: ReplicaIdentity | None = None) -> None:
         self._stats = stats
         self._n_ctx = n_ctx
+        self._identity = identity or ReplicaIdentity.of(None, "", 0)
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats()
         c = s.counters
+        me = self._identity
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
@@ -35,11 +65,25 @@ class StatsCollector(Collector):
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
+        def router_gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["model_name", "replica"])
+            family.add_metric([me.model_name, me.replica], value)
+            return family
+
+        info = GaugeMetricFamily(
+            f"{PREFIX}_replica_info", "This replica: name, model, slots, context per slot.",
+            labels=["replica", "model_name", "n_slots", "n_ctx"],
+        )
+        info.add_metric([me.replica, me.model_name, str(me.n_slots), str(self._n_ctx)], 1)
+        yield info
         running = sum(1 for slot in s.slots if slot.state is not SlotState.IDLE)
-        yield gauge("num_requests_running", "Tasks holding a slot.", running)
-        yield gauge("num_requests_waiting", "Tasks waiting in the queue.", s.queued)
+        yield router_gauge("num_requests_running", "Tasks holding a slot.", running)
+        yield router_gauge("num_requests_waiting", "Tasks waiting in the queue.", s.queued)
         cached = sum(slot.cached_tokens for slot in s.slots)
-        yield gauge("kv_cache_usage_perc", "Slot memory in use, 0-1.", cached / max(1, len(s.slots) * self._n_ctx))
+        usage = cached / max(1, len(s.slots) * self._n_ctx)
+        yield router_gauge("kv_cache_usage_perc", "Slot memory in use, 0-1.", usage)
+        ratio = prompt_cache_hit_ratio(c.prompt_tokens_received, c.prompt_tokens_reused)
+        yield router_gauge("prompt_cache_hit_ratio", "Prompt tokens reused / received since start, 0-1.", ratio)
         per_slot = GaugeMetricFamily(f"{PREFIX}_slot_cached_tokens", "Tokens in a slot's memory.", labels=["slot"])
         cps = GaugeMetricFamily(f"{PREFIX}_slot_checkpoints", "Checkpoints a slot holds.", labels=["slot"])
         cp_bytes = GaugeMetricFamily(
@@ -79,9 +123,11 @@ class StatsCollector(Collector):
         yield counter("prefix_store_evicted", "Store entries dropped for the byte budget.", c.prefix_store_evicted)
 
 
-def serve_metrics(stats: Callable[[], EngineStats], n_ctx: int, host: str, port: int) -> int:
+def serve_metrics(
+    stats: Callable[[], EngineStats], n_ctx: int, host: str, port: int, identity: ReplicaIdentity | None = None
+) -> int:
     """Start the HTTP endpoint on a daemon thread; returns the bound port (port 0: any free one)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(stats, n_ctx))
+    registry.register(StatsCollector(stats, n_ctx, identity))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return int(server.server_address[1])

@@ -3,14 +3,15 @@
 Start-up order: listen first (so health checks answer while the model loads), load the model on a
 background thread, warm it up, start the engine, then mark the service ready.
 
-Health (grpc.health.v1): the overall service "" and "hyserve.v1.HyserveService" both report
-readiness: NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING again
-(permanently) once shutdown starts. (A liveness probe should use a TCP/gRPC connection check, not
-this status, so that a long model load does not get the process restarted.)
+Health (grpc.health.v1), two names for two probes:
+- "" is liveness: SERVING from the moment the server listens until the drain has ended, so neither a
+  long model load nor a drain gets the process restarted by a liveness probe.
+- "hyserve.v1.HyserveService" is readiness: NOT_SERVING until the model is loaded and warmed up,
+  SERVING after, NOT_SERVING again the moment shutdown starts (balancers stop sending new work).
 
-Shutdown on SIGTERM/SIGINT: every health status turns NOT_SERVING, new Generate calls get
-UNAVAILABLE, queued and running tasks may finish for `--drain-seconds` (Cancel, CacheStats and
-health keep working meanwhile), what is left is cancelled, then the server stops.
+Shutdown on SIGTERM/SIGINT: readiness turns NOT_SERVING, new Generate calls get UNAVAILABLE, queued
+and running tasks may finish for `--drain-seconds` (Cancel, CacheStats and health keep working
+meanwhile), what is left is cancelled, every status turns NOT_SERVING, then the server stops.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
-from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime
+from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime, model_info
 from hyserve.api.validation import RequestLimits
 
 log = structlog.get_logger(__name__)
@@ -52,6 +53,7 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_timeout_ms", 20_000),
 ]
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+LIVENESS_SERVICE = ""  # grpc.health.v1's name for the whole server
 
 T = TypeVar("T")
 
@@ -74,6 +76,7 @@ class ServeConfig:
     cache_memory_mib: int = 2048
     metrics_port: int | None = None
     swa_cache: str = "full"
+    replica_id: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -94,6 +97,7 @@ class ServeConfig:
             metrics_port=args.metrics_port,
             swa_cache=args.swa_cache,
             drain_seconds=args.drain_seconds,
+            replica_id=args.replica_id,
         )
 
 
@@ -121,6 +125,7 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "--cache-memory", type=int, default=2048, metavar="MIB", help="host-memory prefix store budget (0: off)"
     )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
+    p.add_argument("--replica-id", default=None, help="this replica's name in the metrics' labels (default: hostname)")
     p.add_argument(
         "--swa-cache",
         choices=("full", "ring"),
@@ -222,8 +227,8 @@ async def serve(config: ServeConfig) -> int:
     pb_grpc.add_HyserveServiceServicer_to_server(servicer, server)
     health = health_module.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    for name in ("", SERVICE_NAME):
-        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{config.host}:{config.port}"
     port = server.add_insecure_port(address)
@@ -253,19 +258,20 @@ async def serve(config: ServeConfig) -> int:
             return 1
         servicer.runtime = runtime
         if config.metrics_port is not None:
-            from hyserve.api.metrics import serve_metrics
+            from hyserve.api.metrics import ReplicaIdentity, serve_metrics
 
-            metrics_port = serve_metrics(runtime.engine.stats, config.ctx_size, config.host, config.metrics_port)
-            log.info("metrics_listening", host=config.host, port=metrics_port)
-        for name in ("", SERVICE_NAME):
-            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            identity = ReplicaIdentity.of(config.replica_id, model_info(runtime).model_name, config.parallel)
+            metrics_port = serve_metrics(runtime.engine.stats, config.ctx_size, config.host, config.metrics_port, identity)
+            log.info("metrics_listening", host=config.host, port=metrics_port, replica=identity.replica)
+        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("server_ready", port=port, slots=config.parallel, n_ctx=config.ctx_size)
         await stopping
     else:
         loading.cancel()
 
     log.info("server_draining", seconds=config.drain_seconds)
-    await health.enter_graceful_shutdown()
+    # readiness only: liveness ("") stays SERVING while tasks drain, so a probe does not kill the pod
+    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
     if runtime is not None:
         engine = runtime.engine
         engine.close()  # new Generate calls: UNAVAILABLE; Cancel, CacheStats and health keep working
@@ -273,6 +279,7 @@ async def serve(config: ServeConfig) -> int:
         while not engine.idle() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await _in_thread(engine.shutdown)  # cancels whatever is left; their streams get Finished
+    await health.enter_graceful_shutdown()
     await server.stop(grace=2.0)  # let the last events reach their clients
     log.info("server_stopped")
     return 0
