@@ -38,7 +38,8 @@ from loopback import (
     wait_until,
 )
 
-from hyserve.engine.generator import StopRule, generate as generate_in_process
+from hyserve.engine.generator import StopRule
+from hyserve.engine.generator import generate as generate_in_process
 from hyserve.engine.sampling import SamplingParams
 from hyserve.model.loader import LoadedModel, load_model
 from hyserve_client import FinishReason
@@ -244,7 +245,5 @@ def _running(replica: Replica) -> int:
 
     with urlopen(f"http://127.0.0.1:{replica.metrics_port}/metrics", timeout=10) as response:
         families = text_string_to_metric_families(response.read().decode())
-    values: list[Any] = [
-        s.value for f in families for s in f.samples if s.name == "hyserve_num_requests_running"
-    ]
+    values: list[Any] = [s.value for f in families for s in f.samples if s.name == "hyserve_num_requests_running"]
     return int(values[0])

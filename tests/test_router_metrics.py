@@ -57,9 +57,7 @@ class Task(threading.Thread):
 
     def run(self) -> None:
         with HyserveClient(self.target, timeout=300) as client:
-            _, self.finished = client.generate_text(
-                self.text, task_id=self.task_id, max_tokens=LONG, ignore_eos=True
-            )
+            _, self.finished = client.generate_text(self.text, task_id=self.task_id, max_tokens=LONG, ignore_eos=True)
 
 
 def test_router_gauges_have_their_documented_names_and_labels(served: tuple[str, str]) -> None:

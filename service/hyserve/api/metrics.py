@@ -71,7 +71,8 @@ class StatsCollector(Collector):
             return family
 
         info = GaugeMetricFamily(
-            f"{PREFIX}_replica_info", "This replica: name, model, slots, context per slot.",
+            f"{PREFIX}_replica_info",
+            "This replica: name, model, slots, context per slot.",
             labels=["replica", "model_name", "n_slots", "n_ctx"],
         )
         info.add_metric([me.replica, me.model_name, str(me.n_slots), str(self._n_ctx)], 1)

@@ -261,7 +261,9 @@ async def serve(config: ServeConfig) -> int:
             from hyserve.api.metrics import ReplicaIdentity, serve_metrics
 
             identity = ReplicaIdentity.of(config.replica_id, model_info(runtime).model_name, config.parallel)
-            metrics_port = serve_metrics(runtime.engine.stats, config.ctx_size, config.host, config.metrics_port, identity)
+            metrics_port = serve_metrics(
+                runtime.engine.stats, config.ctx_size, config.host, config.metrics_port, identity
+            )
             log.info("metrics_listening", host=config.host, port=metrics_port, replica=identity.replica)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("server_ready", port=port, slots=config.parallel, n_ctx=config.ctx_size)
