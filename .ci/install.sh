@@ -25,6 +25,11 @@ if [ "${1:-}" = "--test" ]; then
         CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF" \
             "$PY" -m pip wheel -q --no-deps --no-cache-dir -w "$WHEELS" llama-cpp-python==0.3.36
     fi
+    # A real balancer for tests/test_deploy_loopback.py (Debian's HAProxy; Envoy is not packaged).
+    if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
+        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+        $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq haproxy >/dev/null
+    fi
     # Real gRPC tools for the tests: grpcurl (clients/grpcurl.md) and buf (proto lint), pinned.
     if command -v go >/dev/null 2>&1; then
         export GOBIN="$HOME/go/bin"

@@ -9,5 +9,6 @@ PY="${PYTHON:-python3}"
 
 "$PY" -m ruff check service tests bench clients
 "$PY" -m ruff format --check service tests bench clients
+bash .ci/lint-deploy.sh
 (cd rust_kernels && cargo clippy --all-targets -q -- -D warnings && cargo test -q --release)
 "$PY" -m pytest -q -p no:cacheprovider tests "$@"
