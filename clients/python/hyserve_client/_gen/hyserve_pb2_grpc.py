@@ -28,8 +28,9 @@ if _version_not_supported:
 class HyserveServiceStub:
     """HyserveService generates text with one GGUF model and reports on its prompt cache.
 
-    The server also exposes grpc.health.v1.Health (services "" and "hyserve.v1.HyserveService":
-    NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining)
+    The server also exposes grpc.health.v1.Health (readiness, service "hyserve.v1.HyserveService":
+    NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining;
+    liveness, service "": SERVING from the moment the server listens until its drain has ended)
     and server reflection.
 
     Status codes used by all RPCs:
@@ -76,8 +77,9 @@ class HyserveServiceStub:
 class HyserveServiceServicer:
     """HyserveService generates text with one GGUF model and reports on its prompt cache.
 
-    The server also exposes grpc.health.v1.Health (services "" and "hyserve.v1.HyserveService":
-    NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining)
+    The server also exposes grpc.health.v1.Health (readiness, service "hyserve.v1.HyserveService":
+    NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining;
+    liveness, service "": SERVING from the moment the server listens until its drain has ended)
     and server reflection.
 
     Status codes used by all RPCs:
@@ -160,8 +162,9 @@ def add_HyserveServiceServicer_to_server(servicer, server):
 class HyserveService:
     """HyserveService generates text with one GGUF model and reports on its prompt cache.
 
-    The server also exposes grpc.health.v1.Health (services "" and "hyserve.v1.HyserveService":
-    NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining)
+    The server also exposes grpc.health.v1.Health (readiness, service "hyserve.v1.HyserveService":
+    NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining;
+    liveness, service "": SERVING from the moment the server listens until its drain has ended)
     and server reflection.
 
     Status codes used by all RPCs:
