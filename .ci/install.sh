@@ -35,6 +35,11 @@ if [ "${1:-}" = "--test" ]; then
         export GOBIN="$HOME/go/bin"
         [ -x "$GOBIN/grpcurl" ] || go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
         [ -x "$GOBIN/buf" ] || go install github.com/bufbuild/buf/cmd/buf@v1.50.0
+        # docker/lint: envoy.yaml and the Gateway API manifests checked against their Go types (~2 min, cached)
+        lint_key=$(cat docker/lint/go.mod docker/lint/go.sum docker/lint/*.go | sha256sum | cut -c1-16)
+        mkdir -p "$CACHE/bin"
+        [ -x "$CACHE/bin/deploylint-$lint_key" ] || (cd docker/lint && go build -o "$CACHE/bin/deploylint-$lint_key" .)
+        ln -sf "deploylint-$lint_key" "$CACHE/bin/deploylint"
     fi
 fi
 
