@@ -12,6 +12,7 @@ kubernetes-validate --strict --quiet -k 1.33.0 docker/k8s/deployment.yaml docker
 check-jsonschema --builtin-schema vendor.compose-spec docker/compose.yaml
 # built by .ci/install.sh --test from docker/lint (Envoy's and the Gateway APIs' own Go types)
 DEPLOYLINT="${HYSERVE_CACHE:-$HOME/.cache/hyserve}/bin/deploylint"
+[ -x "$DEPLOYLINT" ] || { echo "$DEPLOYLINT missing: bash .ci/install.sh --test builds it (needs Go)" >&2; exit 1; }
 "$DEPLOYLINT" envoy docker/envoy.yaml
 "$DEPLOYLINT" gateway docker/k8s/gateway/gateway.yaml
 HYSERVE_R0=127.0.0.1:50061 HYSERVE_R1=127.0.0.1:50062 haproxy -c -q -f docker/haproxy/haproxy.cfg

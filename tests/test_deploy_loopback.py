@@ -207,6 +207,7 @@ def test_sigterm_drains_open_streams_and_the_balancer_moves_new_work(cluster: Cl
     victim_name = convs[0].replicas[0]
     victim = cluster.replicas[victim_name]
     mine = [c for c in convs if c.replicas[0] == victim_name]
+    assert len(mine) >= 3, "the hash must give the victim two conversations to stream and one to move"
     streams = [Stream(cluster, conv, 1500) for conv in mine[:2]]
     for s in streams:
         s.start()

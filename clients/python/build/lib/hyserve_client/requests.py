@@ -1,0 +1,158 @@
+"""Building GenerateRequest messages from keyword arguments (no network involved)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict, Unpack
+
+from hyserve_client._gen import hyserve_pb2 as pb
+
+__all__ = ["GenerateParams", "Message", "build_generate_request"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message; plain mappings with the same keys are accepted too."""
+
+    role: str
+    content: str
+    name: str | None = None
+    reasoning_content: str | None = None
+
+
+class GenerateParams(TypedDict, total=False):
+    """Optional settings of a Generate call; each maps to the proto field of the same name.
+
+    Unset keys leave the field unset, so the server's default applies (documented in the proto).
+    """
+
+    task_id: str
+    # TextInput options
+    add_special: bool
+    parse_special: bool
+    # ChatInput options
+    add_generation_prompt: bool
+    chat_template_kwargs: Mapping[str, Any]
+    # SamplingParams
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+    # StoppingCriteria
+    max_tokens: int
+    stop: str | Sequence[str]
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    # logprobs
+    logprobs: bool
+    top_logprobs: int
+    # CacheOptions
+    cache_prompt: bool
+    checkpoint_offsets: Sequence[int]
+
+
+_SAMPLING = frozenset(
+    (
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+    )
+)
+_KNOWN = frozenset(GenerateParams.__annotations__)
+
+
+def build_generate_request(
+    text: str | None = None,
+    *,
+    token_ids: Sequence[int] | None = None,
+    messages: Sequence[Message | Mapping[str, Any]] | None = None,
+    **params: Unpack[GenerateParams],
+) -> pb.GenerateRequest:
+    """Build a GenerateRequest. Give exactly one input: `text`, `token_ids` or chat `messages`.
+
+    Only obvious client-side mistakes are rejected here (no input or several, options for another
+    input kind, unknown keywords); the server validates values and answers INVALID_ARGUMENT.
+    """
+    unknown = params.keys() - _KNOWN
+    if unknown:
+        raise TypeError(f"unknown generate option(s): {', '.join(sorted(unknown))}")
+    given = [
+        name for name, value in (("text", text), ("token_ids", token_ids), ("messages", messages)) if value is not None
+    ]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of text, token_ids or messages (got {', '.join(given) or 'none'})")
+
+    req = pb.GenerateRequest(task_id=params.get("task_id", ""))
+    text_opts = [k for k in ("add_special", "parse_special") if k in params]
+    chat_opts = [k for k in ("add_generation_prompt", "chat_template_kwargs") if k in params]
+    if text is not None:
+        req.text.text = text
+        if "add_special" in params:
+            req.text.add_special = params["add_special"]
+        if "parse_special" in params:
+            req.text.parse_special = params["parse_special"]
+    elif text_opts:
+        raise ValueError(f"{', '.join(text_opts)} only apply to text input")
+    if token_ids is not None:
+        req.tokens.token_ids.extend(int(t) for t in token_ids)
+        if not token_ids:
+            req.tokens.SetInParent()  # keep the oneof set: the server reports the empty prompt
+    if messages is not None:
+        req.chat.SetInParent()
+        req.chat.messages.extend(_chat_message(m) for m in messages)
+        if "add_generation_prompt" in params:
+            req.chat.add_generation_prompt = params["add_generation_prompt"]
+        if "chat_template_kwargs" in params:
+            req.chat.chat_template_kwargs.update(dict(params["chat_template_kwargs"]))
+    elif chat_opts:
+        raise ValueError(f"{', '.join(chat_opts)} only apply to chat messages")
+
+    sampling: dict[str, Any] = {k: v for k, v in params.items() if k in _SAMPLING}
+    if sampling:
+        req.sampling.CopyFrom(pb.SamplingParams(**sampling))
+
+    if "max_tokens" in params:
+        req.stopping.max_tokens = params["max_tokens"]
+    if "stop" in params:
+        stop = params["stop"]
+        req.stopping.stop_strings.extend([stop] if isinstance(stop, str) else stop)
+    if "stop_token_ids" in params:
+        req.stopping.stop_token_ids.extend(int(t) for t in params["stop_token_ids"])
+    if params.get("ignore_eos"):
+        req.stopping.ignore_eos = True
+
+    req.logprobs = bool(params.get("logprobs", False))
+    req.top_logprobs = int(params.get("top_logprobs", 0))
+
+    if "cache_prompt" in params:
+        req.cache.cache_prompt = params["cache_prompt"]
+    if "checkpoint_offsets" in params:
+        req.cache.checkpoint_offsets.extend(int(o) for o in params["checkpoint_offsets"])
+    return req
+
+
+def _chat_message(m: Message | Mapping[str, Any]) -> pb.ChatMessage:
+    if isinstance(m, Message):
+        role, content, name, reasoning = m.role, m.content, m.name, m.reasoning_content
+    else:
+        extra = m.keys() - {"role", "content", "name", "reasoning_content"}
+        if extra:
+            raise ValueError(f"chat message has unsupported key(s): {', '.join(sorted(extra))}")
+        role, content = m["role"], m.get("content") or ""
+        name, reasoning = m.get("name"), m.get("reasoning_content")
+    msg = pb.ChatMessage(role=role, content=content)
+    if name is not None:
+        msg.name = name
+    if reasoning is not None:
+        msg.reasoning_content = reasoning
+    return msg

@@ -1,0 +1,409 @@
+"""Typed, immutable views of the hyserve.v1 messages the client returns.
+
+Field names match the proto (proto/hyserve/v1/hyserve.proto), which documents each one. Enum values
+are lower-case strings of the proto value names without their prefix (FINISH_REASON_EOS -> "eos"); a
+value this client does not know yet reads as UNSPECIFIED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from hyserve_client._gen import hyserve_pb2 as pb
+
+__all__ = [
+    "Accepted",
+    "CacheCounters",
+    "CacheStats",
+    "CancelStatus",
+    "CheckpointInfo",
+    "CheckpointKind",
+    "Delta",
+    "Event",
+    "FinishReason",
+    "Finished",
+    "MemoryKind",
+    "ModelInfo",
+    "PrefixStoreStats",
+    "ReuseSource",
+    "SlotState",
+    "SlotStats",
+    "Timings",
+    "TokenLogprob",
+    "TopLogprob",
+    "Usage",
+    "enum_from_proto",
+    "event_from_proto",
+]
+
+
+class ReuseSource(StrEnum):
+    """Where the reused prompt state came from (proto ReuseSource)."""
+
+    UNSPECIFIED = "unspecified"
+    NONE = "none"
+    SLOT_LIVE = "slot_live"
+    CHECKPOINT = "checkpoint"
+    PREFIX_STORE = "prefix_store"
+
+
+class FinishReason(StrEnum):
+    """Why generation ended (proto FinishReason)."""
+
+    UNSPECIFIED = "unspecified"
+    EOS = "eos"
+    STOP_STRING = "stop_string"
+    STOP_TOKEN = "stop_token"
+    MAX_TOKENS = "max_tokens"
+    CONTEXT_FULL = "context_full"
+    CANCELLED = "cancelled"
+
+
+class CancelStatus(StrEnum):
+    """Outcome of a Cancel (proto CancelStatus)."""
+
+    UNSPECIFIED = "unspecified"
+    CANCELLED = "cancelled"
+    ALREADY_FINISHED = "already_finished"
+
+
+class SlotState(StrEnum):
+    """What a slot is doing (proto SlotState)."""
+
+    UNSPECIFIED = "unspecified"
+    IDLE = "idle"
+    PROCESSING_PROMPT = "processing_prompt"
+    GENERATING = "generating"
+
+
+class CheckpointKind(StrEnum):
+    """Why a checkpoint was taken (proto CheckpointKind)."""
+
+    UNSPECIFIED = "unspecified"
+    MESSAGE_START = "message_start"
+    PROMPT_END = "prompt_end"
+    CLIENT_REQUESTED = "client_requested"
+    INTERVAL = "interval"
+
+
+class MemoryKind(StrEnum):
+    """Kind of per-sequence memory of the model (proto MemoryKind)."""
+
+    UNSPECIFIED = "unspecified"
+    ATTENTION_ONLY = "attention_only"
+    SLIDING_WINDOW = "sliding_window"
+    RECURRENT = "recurrent"
+    HYBRID = "hybrid"
+
+
+_E = TypeVar("_E", bound=StrEnum)
+
+# Python enum -> proto enum; proto value names are the Python member names behind a common prefix.
+_PROTO_ENUMS: dict[type[StrEnum], Any] = {
+    ReuseSource: pb.ReuseSource,
+    FinishReason: pb.FinishReason,
+    CancelStatus: pb.CancelStatus,
+    SlotState: pb.SlotState,
+    CheckpointKind: pb.CheckpointKind,
+    MemoryKind: pb.MemoryKind,
+}
+
+
+def enum_from_proto(cls: type[_E], value: int) -> _E:
+    """Map a proto enum number to the Python enum `cls`; unknown numbers give UNSPECIFIED."""
+    wrapper = _PROTO_ENUMS[cls]
+    prefix = wrapper.DESCRIPTOR.values[0].name.removesuffix("UNSPECIFIED")
+    try:
+        name = wrapper.Name(value)
+    except ValueError:
+        return cls["UNSPECIFIED"]
+    member = name.removeprefix(prefix)
+    return cls[member] if member in cls.__members__ else cls["UNSPECIFIED"]
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """First event of a stream: the task got a slot; how much of its prompt came from the cache."""
+
+    task_id: str
+    slot_index: int
+    prompt_tokens: int
+    reused_tokens: int
+    reuse_source: ReuseSource
+    matched_tokens: int
+
+    @classmethod
+    def from_proto(cls, m: pb.Accepted) -> Accepted:
+        return cls(
+            task_id=m.task_id,
+            slot_index=m.slot_index,
+            prompt_tokens=m.prompt_tokens,
+            reused_tokens=m.reused_tokens,
+            reuse_source=enum_from_proto(ReuseSource, m.reuse_source),
+            matched_tokens=m.matched_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One alternative token at a position."""
+
+    token_id: int
+    logprob: float
+    piece: bytes
+
+    @classmethod
+    def from_proto(cls, m: pb.TopLogprob) -> TopLogprob:
+        return cls(token_id=m.token_id, logprob=m.logprob, piece=m.piece)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """Log-probability of a sampled token, with the most likely alternatives when asked for."""
+
+    token_id: int
+    logprob: float
+    piece: bytes
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+    @classmethod
+    def from_proto(cls, m: pb.TokenLogprob) -> TokenLogprob:
+        return cls(
+            token_id=m.token_id,
+            logprob=m.logprob,
+            piece=m.piece,
+            top_logprobs=tuple(TopLogprob.from_proto(t) for t in m.top_logprobs),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """New tokens and the text they completed (text may lag the tokens; see the proto)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+    @classmethod
+    def from_proto(cls, m: pb.Delta) -> Delta:
+        return cls(
+            token_ids=tuple(m.token_ids),
+            text=m.text,
+            logprobs=tuple(TokenLogprob.from_proto(t) for t in m.logprobs),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one task."""
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    processed_prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @classmethod
+    def from_proto(cls, m: pb.Usage) -> Usage:
+        return cls(
+            prompt_tokens=m.prompt_tokens,
+            cached_prompt_tokens=m.cached_prompt_tokens,
+            processed_prompt_tokens=m.processed_prompt_tokens,
+            completion_tokens=m.completion_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Wall-clock durations of one task, in milliseconds."""
+
+    queue_ms: float = 0.0
+    prompt_ms: float = 0.0
+    generation_ms: float = 0.0
+    time_to_first_token_ms: float = 0.0
+
+    @classmethod
+    def from_proto(cls, m: pb.Timings) -> Timings:
+        return cls(
+            queue_ms=m.queue_ms,
+            prompt_ms=m.prompt_ms,
+            generation_ms=m.generation_ms,
+            time_to_first_token_ms=m.time_to_first_token_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Last event of a stream: why the task ended, its token counts and timings."""
+
+    reason: FinishReason
+    stop_string: str = ""
+    stop_token_id: int | None = None
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+
+    @classmethod
+    def from_proto(cls, m: pb.Finished) -> Finished:
+        return cls(
+            reason=enum_from_proto(FinishReason, m.reason),
+            stop_string=m.stop_string,
+            stop_token_id=m.stop_token_id if m.HasField("stop_token_id") else None,
+            usage=Usage.from_proto(m.usage),
+            timings=Timings.from_proto(m.timings),
+        )
+
+
+Event = Accepted | Delta | Finished
+
+
+def event_from_proto(m: pb.GenerateResponse) -> Event | None:
+    """The typed event of one GenerateResponse; None for an event kind this client does not know."""
+    kind = m.WhichOneof("event")
+    if kind == "accepted":
+        return Accepted.from_proto(m.accepted)
+    if kind == "delta":
+        return Delta.from_proto(m.delta)
+    if kind == "finished":
+        return Finished.from_proto(m.finished)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """A saved copy of a slot's non-truncatable state after `position` tokens."""
+
+    position: int
+    kind: CheckpointKind
+    bytes: int
+    has_logits: bool
+
+    @classmethod
+    def from_proto(cls, m: pb.CheckpointInfo) -> CheckpointInfo:
+        return cls(
+            position=m.position,
+            kind=enum_from_proto(CheckpointKind, m.kind),
+            bytes=m.bytes,
+            has_logits=m.has_logits,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SlotStats:
+    """One slot: its state, task and cached tokens."""
+
+    index: int
+    state: SlotState
+    task_id: str
+    cached_tokens: int
+    checkpoints: tuple[CheckpointInfo, ...] = ()
+
+    @classmethod
+    def from_proto(cls, m: pb.SlotStats) -> SlotStats:
+        return cls(
+            index=m.index,
+            state=enum_from_proto(SlotState, m.state),
+            task_id=m.task_id,
+            cached_tokens=m.cached_tokens,
+            checkpoints=tuple(CheckpointInfo.from_proto(c) for c in m.checkpoints),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixStoreStats:
+    """The shared host-memory prefix store."""
+
+    entries: int = 0
+    bytes: int = 0
+    budget_bytes: int = 0
+
+    @classmethod
+    def from_proto(cls, m: pb.PrefixStoreStats) -> PrefixStoreStats:
+        return cls(entries=m.entries, bytes=m.bytes, budget_bytes=m.budget_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounters:
+    """Cumulative cache counters since the server started."""
+
+    prompt_tokens_received: int = 0
+    prompt_tokens_reused: int = 0
+    prompt_tokens_processed: int = 0
+    restores: int = 0
+    full_reprocess_by_reason: dict[str, int] = field(default_factory=dict)
+    checkpoints_created: int = 0
+    checkpoints_evicted: int = 0
+    checkpoints_invalidated: int = 0
+    prefix_store_hits: int = 0
+    prefix_store_misses: int = 0
+    reprocessed_tokens_by_reason: dict[str, int] = field(default_factory=dict)
+    prefix_store_evicted: int = 0
+
+    @classmethod
+    def from_proto(cls, m: pb.CacheCounters) -> CacheCounters:
+        return cls(
+            prompt_tokens_received=m.prompt_tokens_received,
+            prompt_tokens_reused=m.prompt_tokens_reused,
+            prompt_tokens_processed=m.prompt_tokens_processed,
+            restores=m.restores,
+            full_reprocess_by_reason=dict(sorted(m.full_reprocess_by_reason.items())),
+            checkpoints_created=m.checkpoints_created,
+            checkpoints_evicted=m.checkpoints_evicted,
+            checkpoints_invalidated=m.checkpoints_invalidated,
+            prefix_store_hits=m.prefix_store_hits,
+            prefix_store_misses=m.prefix_store_misses,
+            reprocessed_tokens_by_reason=dict(sorted(m.reprocessed_tokens_by_reason.items())),
+            prefix_store_evicted=m.prefix_store_evicted,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """A snapshot of the prompt cache (CacheStatsResponse)."""
+
+    slots: tuple[SlotStats, ...]
+    prefix_store: PrefixStoreStats
+    counters: CacheCounters
+
+    @classmethod
+    def from_proto(cls, m: pb.CacheStatsResponse) -> CacheStats:
+        return cls(
+            slots=tuple(SlotStats.from_proto(s) for s in m.slots),
+            prefix_store=PrefixStoreStats.from_proto(m.prefix_store),
+            counters=CacheCounters.from_proto(m.counters),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """The loaded model and the server (ModelInfoResponse)."""
+
+    model_path: str
+    model_name: str
+    architecture: str
+    vocab_size: int
+    context_size: int
+    n_ctx_train: int
+    parallel_slots: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    has_chat_template: bool
+    memory_kind: MemoryKind
+    server_version: str
+
+    @classmethod
+    def from_proto(cls, m: pb.ModelInfoResponse) -> ModelInfo:
+        return cls(
+            model_path=m.model_path,
+            model_name=m.model_name,
+            architecture=m.architecture,
+            vocab_size=m.vocab_size,
+            context_size=m.context_size,
+            n_ctx_train=m.n_ctx_train,
+            parallel_slots=m.parallel_slots,
+            bos_token_id=m.bos_token_id if m.HasField("bos_token_id") else None,
+            eos_token_ids=tuple(m.eos_token_ids),
+            has_chat_template=m.has_chat_template,
+            memory_kind=enum_from_proto(MemoryKind, m.memory_kind),
+            server_version=m.server_version,
+        )
