@@ -540,6 +540,7 @@ def test_zz_sigterm_drains_in_flight_tasks_then_exits(server: Server, client: Hy
     while _health(server.target, SERVICE) != health_pb2.HealthCheckResponse.NOT_SERVING:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    assert _health(server.target, "") == health_pb2.HealthCheckResponse.SERVING  # liveness: up while draining
     with pytest.raises(HyserveError) as info:
         client.generate_text(PROMPT_A, max_tokens=2)
     assert info.value.code is grpc.StatusCode.UNAVAILABLE
