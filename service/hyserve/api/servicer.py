@@ -40,7 +40,6 @@ from hyserve.engine.task import (
     FinishedEvent,
     FinishReason,
     ReuseSource,
-    Task,
 )
 from hyserve.model.architectures.base import Architecture
 from hyserve.model.chat_template import ChatTemplate

@@ -60,7 +60,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        err = OpenAIError(f"{exc.reason}: {request.method} {request.path}", status=exc.status, type_="not_found_error")
+        type_ = "not_found_error" if exc.status == 404 else "invalid_request_error"
+        err = OpenAIError(f"{exc.reason}: {request.method} {request.path}", status=exc.status, type_=type_)
         return web.json_response(err.body(), status=exc.status)
 
 
@@ -134,7 +135,9 @@ class OpenAIFront:
             self._model_name = model_info(runtime).model_name
         return self._model_name
 
-    async def _prepare(self, request: web.Request, kind: Kind, runtime: Runtime) -> tuple[OpenAIRequest, PreparedRequest]:
+    async def _prepare(
+        self, request: web.Request, kind: Kind, runtime: Runtime
+    ) -> tuple[OpenAIRequest, PreparedRequest]:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -238,7 +241,10 @@ class _Reply:
             elif isinstance(event, FinishedEvent):
                 await response.write(self._chunk(None, finish_reason(event.reason)))
                 if self.parsed.include_usage:
-                    usage = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion"}
+                    usage = {
+                        "id": self.id,
+                        "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+                    }
                     usage |= {"created": self.created, "model": self.model, "choices": []}
                     usage["usage"] = usage_json(event.usage)
                     await response.write(_sse(usage))

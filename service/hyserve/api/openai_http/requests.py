@@ -249,7 +249,9 @@ def parse_chat(raw: Any, task_id: str) -> OpenAIRequest:
         raise OpenAIError("top_logprobs: requires logprobs to be true", "top_logprobs")
     request.logprobs, request.top_logprobs = logprobs, top
     stream, include_usage = _stream(body)
-    return OpenAIRequest("chat", request, stream, include_usage, bool(_boolean(body, "return_token_ids")), logprobs, top)
+    return OpenAIRequest(
+        "chat", request, stream, include_usage, bool(_boolean(body, "return_token_ids")), logprobs, top
+    )
 
 
 def _prompt(prompt: Any) -> pb.GenerateRequest:

@@ -65,9 +65,7 @@ def logprobs_json(items: Sequence[TokenLogprob], token_bytes: TokenBytes, chat: 
     return {
         "tokens": pieces,
         "token_logprobs": [lp.logprob for lp in items],
-        "top_logprobs": [
-            {token_bytes(t).decode("utf-8", errors="replace"): v for t, v in lp.top} for lp in items
-        ],
+        "top_logprobs": [{token_bytes(t).decode("utf-8", errors="replace"): v for t, v in lp.top} for lp in items],
     }
 
 
