@@ -30,6 +30,16 @@ if [ "${1:-}" = "--test" ]; then
         export GOBIN="$HOME/go/bin"
         [ -x "$GOBIN/grpcurl" ] || go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
         [ -x "$GOBIN/buf" ] || go install github.com/bufbuild/buf/cmd/buf@v1.50.0
+        # clients/go: the stub generators buf runs as local plugins (pinned: the drift check compares output)
+        "$GOBIN/protoc-gen-go" --version 2>/dev/null | grep -qx 'protoc-gen-go v1.36.12' \
+            || go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+        "$GOBIN/protoc-gen-go-grpc" --version 2>/dev/null | grep -qx 'protoc-gen-go-grpc 1.6.2' \
+            || go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+        (cd clients/go && go mod download)
+    fi
+    # clients/typescript: its dependencies and protoc-gen-es, as locked (npm's cache: ~/.npm)
+    if command -v npm >/dev/null 2>&1; then
+        (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
     fi
 fi
 

@@ -118,9 +118,16 @@ class Live:
     log_path: Path
     env: dict[str, str]  # the reference request and the Python client's answer, for the suites
 
-    def cancelled_by_client(self, task_id: str) -> bool:
+    def log_has(self, *words: str) -> bool:
         lines = self.log_path.read_text(errors="replace").splitlines()
-        return any(task_id in ln and "task_cancel_requested" in ln and "client_gone" in ln for ln in lines)
+        return any(all(w in ln for w in words) for ln in lines)
+
+    def cancelled_by_client(self, task_id: str) -> bool:
+        return self.log_has(task_id, "task_cancel_requested", "client_gone")
+
+    def saw_session(self, session_id: str) -> bool:
+        """The x-session-id header reached the server (bound to the task's log lines)."""
+        return self.log_has("task_queued", f'"session_id": "{session_id}"')
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +136,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     log_path = tmp_path_factory.mktemp("clients") / "server.log"
     args = ["--model", "default", "--parallel", "2", "--ctx-size", "1024", "--threads", "1"]
     with running_server(log_path, *args) as target:
-        with HyserveClient(target, timeout=120) as client:
+        with HyserveClient(target, timeout=120, session_id="py-live-test") as client:
             events = list(client.generate(PROMPT, max_tokens=MAX_TOKENS, temperature=0))
         deltas = [e for e in events if isinstance(e, Delta)]
         env = tool_env() | {
@@ -139,7 +146,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             "HYSERVE_EXPECT_TEXT": "".join(d.text for d in deltas),
             "HYSERVE_EXPECT_IDS": ",".join(str(t) for d in deltas for t in d.token_ids),
         }
-        yield Live(target, log_path, env)
+        live = Live(target, log_path, env)
+        assert live.saw_session("py-live-test")
+        yield live
 
 
 def test_go_client_live(live: Live) -> None:
@@ -149,7 +158,14 @@ def test_go_client_live(live: Live) -> None:
         assert f"--- PASS: {name}" in output, output[-4000:]
     assert "--- SKIP" not in output, output[-4000:]
     assert live.cancelled_by_client("go-abort-task"), "the aborted Go stream's task was not cancelled"
+    assert live.saw_session("go-live-test")
     run(["go", "vet", "./..."], GO_DIR)
+    # the README's example command
+    example = ["go", "run", "./cmd/hyserve-example", "-target", live.target, "-max-tokens", str(MAX_TOKENS)]
+    out = subprocess.run([*example, "-session", "go-example", PROMPT], cwd=GO_DIR, env=live.env, capture_output=True)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    assert out.stdout.decode() == live.env["HYSERVE_EXPECT_TEXT"]
+    assert live.saw_session("go-example")
 
 
 def test_typescript_client_live(live: Live) -> None:
@@ -159,3 +175,10 @@ def test_typescript_client_live(live: Live) -> None:
     output = run(["npm", "test", "--silent"], TS_DIR, env=live.env)
     assert "# fail 0" in output and "# skipped 0" in output and "# pass 6" in output, output[-4000:]
     assert live.cancelled_by_client("ts-abort-task"), "the aborted TypeScript stream's task was not cancelled"
+    assert live.saw_session("ts-live-test")
+    # the README's example (compiled by `npm test`)
+    example = ["node", "dist/examples/stream.js", live.target, PROMPT, str(MAX_TOKENS)]
+    out = subprocess.run(example, cwd=TS_DIR, env=live.env, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    assert out.stdout.decode() == live.env["HYSERVE_EXPECT_TEXT"]
+    assert live.saw_session("example-session")

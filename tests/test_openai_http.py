@@ -163,14 +163,19 @@ def test_chat_renders_like_grpc(gemma_model: Any) -> None:
 # --- the agent loop ---------------------------------------------------------------------------------
 
 
-def test_five_turn_agent_loop_reports_cached_prefix(oai: Any) -> None:
+def test_five_turn_agent_loop_reports_cached_prefix(server: Server, oai: Any) -> None:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful assistant. Answer briefly."}]
     questions = ["What is 2+2?", "And 3+3?", "Name a fruit.", "Name a tree.", "Name a river."]
     turns: list[tuple[list[int], list[int], int]] = []  # (prompt ids, completion ids, cached_tokens)
     for question in questions:
         messages.append({"role": "user", "content": question})
         reply = oai.chat.completions.create(
-            model="any", messages=messages, max_tokens=10, temperature=0, extra_body={"return_token_ids": True}
+            model="any",
+            messages=messages,
+            max_tokens=10,
+            temperature=0,
+            extra_body={"return_token_ids": True},
+            extra_headers={"x-session-id": "agent-loop-1"},
         )
         extra = reply.model_extra or {}
         choice_extra = reply.choices[0].model_extra or {}
@@ -186,6 +191,7 @@ def test_five_turn_agent_loop_reports_cached_prefix(oai: Any) -> None:
     assert cached5 == shared
     assert cached5 >= len(prompt4)
     assert all(cached > 0 for _, _, cached in turns[1:])
+    assert _log_lines_of(server.log_path, '"session_id": "agent-loop-1"', "task_queued").count("\n") == 4
 
 
 # --- errors -------------------------------------------------------------------------------------------
@@ -265,3 +271,39 @@ def test_disconnect_cancels_only_its_own_task(server: Server, oai: Any) -> None:
 
 def _log_lines_of(log_path: Path, task_id: str, word: str) -> str:
     return "\n".join(line for line in log_path.read_text().splitlines() if task_id in line and word in line)
+
+
+def test_non_streamed_client_timeout_cancels_its_task(server: Server) -> None:
+    impatient = openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", timeout=1.5, max_retries=0)
+    marker = "impatient-client"
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(
+            model="any",
+            messages=CHAT,
+            max_tokens=900,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+            extra_headers={"x-session-id": marker},
+        )
+    deadline = time.monotonic() + 60
+    while True:
+        queued = _log_lines_of(server.log_path, marker, "task_queued")
+        task_id = json.loads(queued.splitlines()[0])["task_id"] if queued else None
+        if task_id and _log_lines_of(server.log_path, task_id, "client_gone"):
+            break
+        assert time.monotonic() < deadline, "the timed-out request's task was not cancelled"
+        time.sleep(0.1)
+
+
+def test_grpc_cancel_stops_an_http_stream(grpc_client: HyserveClient, oai: Any) -> None:
+    stream = oai.chat.completions.create(
+        model="any", messages=CHAT, max_tokens=900, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    )
+    finish = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content and not finish:
+            assert grpc_client.cancel(chunk.id).name == "CANCELLED"  # the response id is the task id
+            finish.append(None)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish.append(chunk.choices[0].finish_reason)
+    assert finish == [None, "cancelled"]

@@ -20,7 +20,7 @@ import structlog
 import hyserve
 from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
-from hyserve.api.tasks import TaskRun
+from hyserve.api.tasks import SESSION_HEADER, TaskRun
 from hyserve.api.validation import RequestLimits, ValidationError, prepare_generate
 from hyserve.engine.cache_plan import CheckpointKind
 from hyserve.engine.cancel import CancelSource
@@ -133,7 +133,8 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
 
-        run = TaskRun(runtime.engine, prepared)
+        session = next((str(v) for k, v in context.invocation_metadata() or () if k == SESSION_HEADER), "")
+        run = TaskRun(runtime.engine, prepared, session)
         try:
             run.submit()
         except (DuplicateTaskError, QueueFullError, EngineClosedError) as exc:

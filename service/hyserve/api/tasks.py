@@ -4,6 +4,10 @@ OpenAI-compatible HTTP front, so both make tasks and stream their events the sam
 The engine thread hands the task's events to an asyncio queue (`loop.call_soon_threadsafe`). The
 caller iterates them until Finished or Failed; when it stops earlier for any reason (its client
 went away, a deadline, a cancelled handler), `close()` cancels this task and only this one.
+
+A client may name its conversation in the `x-session-id` header (gRPC metadata or HTTP header) so
+that a balancer can keep it on one replica, and so on that replica's prompt cache. The server does
+not route on it; it only binds it to the task's log lines.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from hyserve.engine.cancel import CancelSource
 from hyserve.engine.engine import Engine
 from hyserve.engine.task import Event, FailedEvent, FinishedEvent, Task
 
-__all__ = ["TaskRun"]
+__all__ = ["SESSION_HEADER", "TaskRun"]
+
+SESSION_HEADER = "x-session-id"
 
 
 class TaskRun:
-    def __init__(self, engine: Engine, prepared: PreparedRequest) -> None:
+    def __init__(self, engine: Engine, prepared: PreparedRequest, session_id: str = "") -> None:
         loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -40,6 +46,8 @@ class TaskRun:
             message_boundaries=prepared.message_boundaries,
             checkpoint_offsets=prepared.checkpoint_offsets,
         )
+        if session_id:
+            self.task.log = self.task.log.bind(session_id=session_id[:128])
 
     def submit(self) -> None:
         """Queue the task. Raises DuplicateTaskError, QueueFullError or EngineClosedError."""

@@ -31,7 +31,7 @@ from hyserve.api.openai_http.responses import (
     usage_json,
 )
 from hyserve.api.servicer import Runtime, model_info
-from hyserve.api.tasks import TaskRun
+from hyserve.api.tasks import SESSION_HEADER, TaskRun
 from hyserve.api.validation import PreparedRequest, ValidationError, prepare_generate
 from hyserve.engine.engine import DuplicateTaskError, EngineClosedError, QueueFullError
 from hyserve.engine.task import DeltaEvent, FailedEvent, FinishedEvent
@@ -157,7 +157,7 @@ class OpenAIFront:
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         runtime = self._ready()
         parsed, prepared = await self._prepare(request, kind, runtime)
-        run = TaskRun(runtime.engine, prepared)
+        run = TaskRun(runtime.engine, prepared, request.headers.get(SESSION_HEADER, ""))
         try:
             run.submit()
         except QueueFullError as exc:
