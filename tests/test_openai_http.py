@@ -79,6 +79,9 @@ def test_health_and_models(server: Server, grpc_client: HyserveClient, oai: Any)
     assert http_json(f"{server.base}/health") == (200, {"status": "ok"})
     models = oai.models.list().data
     assert [m.id for m in models] == [grpc_client.model_info().model_name]
+    assert oai.models.retrieve(models[0].id).id == models[0].id
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("no-such-model")
     status, body = http_json(f"{server.base}/v1/nothing")
     assert status == 404 and body["error"]["type"] == "not_found_error"
 

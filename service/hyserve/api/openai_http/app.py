@@ -79,6 +79,7 @@ class OpenAIFront:
         app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         return app
@@ -104,16 +105,25 @@ class OpenAIFront:
             return web.json_response({"status": "loading"}, status=503)
         return web.json_response({"status": "ok"})
 
-    async def models(self, request: web.Request) -> web.Response:
+    def _model_card(self) -> dict[str, Any]:
         runtime = self._ready()
-        model = {
+        return {
             "id": self._model(runtime),
             "object": "model",
             "created": self._created,
             "owned_by": "hyserve",
             "max_model_len": runtime.engine.config.n_ctx,
         }
-        return web.json_response({"object": "list", "data": [model]})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        card = self._model_card()
+        name = request.match_info["model"]
+        if name != card["id"]:
+            raise OpenAIError(f"model {name!r} is not served here", "model", 404, "not_found_error")
+        return web.json_response(card)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")
@@ -172,6 +182,9 @@ class OpenAIFront:
             if parsed.stream:
                 return await reply.stream(request, run)
             return await reply.collect(run)
+        except ConnectionResetError:  # a write found the client gone before the runner noticed
+            log.info("http_client_gone", task_id=run.task.id)
+            return web.Response(status=499)
         finally:
             run.close()  # the client went away (handler cancelled) or the stream failed: this task only
 
