@@ -91,8 +91,8 @@ def _base_ref() -> str | None:
         return proc.stdout.strip() if proc.returncode == 0 else None
 
     branch = git("rev-parse", "--abbrev-ref", "HEAD")
-    ref = "HEAD~1" if branch in ("main", "HEAD") else "main"
-    return git("rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+    refs = ["HEAD~1"] if branch in ("main", "HEAD") else ["main", "origin/main"]
+    return next((sha for ref in refs if (sha := git("rev-parse", "--verify", "-q", f"{ref}^{{commit}}"))), None)
 
 
 def test_buf_breaking_against_main(tmp_path: Path) -> None:
