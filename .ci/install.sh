@@ -40,6 +40,16 @@ if [ "${1:-}" = "--test" ]; then
         mkdir -p "$CACHE/bin"
         [ -x "$CACHE/bin/deploylint-$lint_key" ] || (cd docker/lint && go build -o "$CACHE/bin/deploylint-$lint_key" .)
         ln -sf "deploylint-$lint_key" "$CACHE/bin/deploylint"
+        # clients/go: the stub generators buf runs as local plugins (pinned: the drift check compares output)
+        "$GOBIN/protoc-gen-go" --version 2>/dev/null | grep -qx 'protoc-gen-go v1.36.12' \
+            || go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+        "$GOBIN/protoc-gen-go-grpc" --version 2>/dev/null | grep -qx 'protoc-gen-go-grpc 1.6.2' \
+            || go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+        (cd clients/go && go mod download)
+    fi
+    # clients/typescript: its dependencies and protoc-gen-es, as locked (npm's cache: ~/.npm)
+    if command -v npm >/dev/null 2>&1; then
+        (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
     fi
 fi
 

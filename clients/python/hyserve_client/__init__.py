@@ -9,6 +9,7 @@ proto/hyserve/v1 is vendored under hyserve_client._gen.
 from hyserve_client._version import __version__
 from hyserve_client.client import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    SESSION_HEADER,
     UNSET,
     AsyncGenerateStream,
     AsyncHyserveClient,
@@ -43,6 +44,7 @@ from hyserve_client.types import (
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "SESSION_HEADER",
     "UNSET",
     "Accepted",
     "AsyncGenerateStream",

@@ -54,6 +54,7 @@ from hyserve_client.types import (
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "SESSION_HEADER",
     "AsyncGenerateStream",
     "AsyncHyserveClient",
     "GenerateStream",
@@ -235,17 +236,24 @@ def _no_finished() -> HyserveError:
     return HyserveError(grpc.StatusCode.UNKNOWN, "the Generate stream ended without a Finished event")
 
 
+SESSION_HEADER: Final = "x-session-id"
+
+
 class _ClientBase:
-    def __init__(self, target: str, timeout: float | None, wait_for_ready: bool) -> None:
+    def __init__(self, target: str, timeout: float | None, wait_for_ready: bool, session_id: str | None) -> None:
         self.target = target
         self.timeout = timeout
         self.wait_for_ready = wait_for_ready
+        self.session_id = session_id
 
     def _call_kwargs(self, timeout: Timeout) -> dict[str, Any]:
-        return {
+        kwargs: dict[str, Any] = {
             "timeout": self.timeout if timeout is UNSET else timeout,
             "wait_for_ready": self.wait_for_ready,
         }
+        if self.session_id:
+            kwargs["metadata"] = ((SESSION_HEADER, self.session_id),)
+        return kwargs
 
 
 class HyserveClient(_ClientBase):
@@ -253,7 +261,8 @@ class HyserveClient(_ClientBase):
 
     `timeout` is the default deadline in seconds of every call (None = none); `wait_for_ready`
     makes calls wait for the server to come up instead of failing with UNAVAILABLE; `credentials`
-    selects TLS (default: plaintext); `options` override the channel arguments of channel_options().
+    selects TLS (default: plaintext); `options` override the channel arguments of channel_options();
+    `session_id` is sent as `x-session-id` metadata on every call, for a balancer's affinity.
     """
 
     def __init__(
@@ -265,8 +274,9 @@ class HyserveClient(_ClientBase):
         wait_for_ready: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         options: Sequence[tuple[str, Any]] = (),
+        session_id: str | None = None,
     ) -> None:
-        super().__init__(target, timeout, wait_for_ready)
+        super().__init__(target, timeout, wait_for_ready, session_id)
         opts = channel_options(max_message_bytes=max_message_bytes, extra=options)
         if credentials is None:
             self._channel = grpc.insecure_channel(target, options=opts)
@@ -362,8 +372,9 @@ class AsyncHyserveClient(_ClientBase):
         wait_for_ready: bool = False,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         options: Sequence[tuple[str, Any]] = (),
+        session_id: str | None = None,
     ) -> None:
-        super().__init__(target, timeout, wait_for_ready)
+        super().__init__(target, timeout, wait_for_ready, session_id)
         opts = channel_options(max_message_bytes=max_message_bytes, extra=options)
         if credentials is None:
             self._channel = grpc.aio.insecure_channel(target, options=opts)

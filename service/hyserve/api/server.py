@@ -77,6 +77,7 @@ class ServeConfig:
     metrics_port: int | None = None
     swa_cache: str = "full"
     replica_id: str | None = None
+    http_port: int | None = None  # OpenAI-compatible HTTP front
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -98,6 +99,7 @@ class ServeConfig:
             swa_cache=args.swa_cache,
             drain_seconds=args.drain_seconds,
             replica_id=args.replica_id,
+            http_port=args.http_port,
         )
 
 
@@ -123,6 +125,9 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cache-memory", type=int, default=2048, metavar="MIB", help="host-memory prefix store budget (0: off)"
+    )
+    p.add_argument(
+        "--http-port", type=int, default=None, help="also serve the OpenAI-compatible HTTP API on this port (0: any)"
     )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
     p.add_argument("--replica-id", default=None, help="this replica's name in the metrics' labels (default: hostname)")
@@ -237,6 +242,12 @@ async def serve(config: ServeConfig) -> int:
         return 1
     await server.start()
     log.info("server_listening", host=config.host, port=port)
+    http = None
+    if config.http_port is not None:  # same loop and engine; answers 503 until the model is loaded
+        from hyserve.api.openai_http.app import OpenAIFront
+
+        http = OpenAIFront()
+        log.info("http_listening", host=config.host, port=await http.start(config.host, config.http_port))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -257,6 +268,8 @@ async def serve(config: ServeConfig) -> int:
             await server.stop(grace=1.0)
             return 1
         servicer.runtime = runtime
+        if http is not None:
+            http.runtime = runtime
         if config.metrics_port is not None:
             from hyserve.api.metrics import ReplicaIdentity, serve_metrics
 
@@ -274,6 +287,8 @@ async def serve(config: ServeConfig) -> int:
     log.info("server_draining", seconds=config.drain_seconds)
     # readiness only: liveness ("") stays SERVING while tasks drain, so a probe does not kill the pod
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if http is not None:
+        http.draining = True
     if runtime is not None:
         engine = runtime.engine
         engine.close()  # new Generate calls: UNAVAILABLE; Cancel, CacheStats and health keep working
@@ -283,5 +298,7 @@ async def serve(config: ServeConfig) -> int:
         await _in_thread(engine.shutdown)  # cancels whatever is left; their streams get Finished
     await health.enter_graceful_shutdown()
     await server.stop(grace=2.0)  # let the last events reach their clients
+    if http is not None:
+        await http.stop()
     log.info("server_stopped")
     return 0

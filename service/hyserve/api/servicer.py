@@ -1,10 +1,9 @@
 """The hyserve.v1.HyserveService servicer (grpc.aio): translates between proto messages and the
 engine, and maps failures to status codes. It decides nothing about scheduling or caching.
 
-Each Generate call owns one task. The engine thread hands the task's events to this call's asyncio
-queue (`loop.call_soon_threadsafe`); the call streams them until Finished. When the call ends for
-any other reason (the client cancelled it, its deadline passed, the server stops), the call cancels
-its own task, and only that one.
+Each Generate call owns one task (`tasks.TaskRun`, shared with the OpenAI HTTP front) and streams
+its events until Finished. When the call ends for any other reason (the client cancelled it, its
+deadline passed, the server stops), the call cancels its own task, and only that one.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import structlog
 import hyserve
 from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
+from hyserve.api.tasks import SESSION_HEADER, TaskRun
 from hyserve.api.validation import RequestLimits, ValidationError, prepare_generate
 from hyserve.engine.cache_plan import CheckpointKind
 from hyserve.engine.cancel import CancelSource
@@ -40,7 +40,6 @@ from hyserve.engine.task import (
     FinishedEvent,
     FinishReason,
     ReuseSource,
-    Task,
 )
 from hyserve.model.architectures.base import Architecture
 from hyserve.model.chat_template import ChatTemplate
@@ -134,46 +133,25 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
 
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def sink(event: Event) -> None:  # called on the engine thread
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        task = Task(
-            id=prepared.task_id,
-            prompt=prepared.prompt,
-            params=prepared.params,
-            stop=prepared.stop,
-            sink=sink,
-            logprobs=prepared.logprobs,
-            top_logprobs=prepared.top_logprobs,
-            cache_prompt=prepared.cache_prompt,
-            message_boundaries=prepared.message_boundaries,
-            checkpoint_offsets=prepared.checkpoint_offsets,
-        )
-        engine = runtime.engine
+        session = next((str(v) for k, v in context.invocation_metadata() or () if k == SESSION_HEADER), "")
+        run = TaskRun(runtime.engine, prepared, session)
         try:
-            engine.submit(task)
+            run.submit()
         except (DuplicateTaskError, QueueFullError, EngineClosedError) as exc:
             code, details = _SUBMIT_ERRORS[type(exc)], str(exc)
             if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
                 details += "; retry later"
-            log.info("generate_rejected", task_id=task.id, code=code.name, reason=details)
+            log.info("generate_rejected", task_id=run.task.id, code=code.name, reason=details)
             await context.abort(code, details)
 
         try:
-            while True:
-                event = await events.get()
+            async for event in run.events():
                 if isinstance(event, FailedEvent):
                     await context.abort(grpc.StatusCode.INTERNAL, event.message)
                 yield self._event_to_proto(event, model)
-                if isinstance(event, FinishedEvent):
-                    return
         finally:
             # the call ended before the task did (client cancel, deadline, shutdown): cancel it
-            if not task.ended:
-                engine.cancel_task(task, CancelSource.CLIENT_GONE)
+            run.close()
 
     @staticmethod
     def _event_to_proto(event: Event, model: LoadedModel) -> pb.GenerateResponse:

@@ -1,0 +1,3 @@
+export * from "./client.js";
+export * from "./gen/hyserve/v1/hyserve_pb.js";
+export { Code } from "@connectrpc/connect";

@@ -1,0 +1,320 @@
+"""OpenAI request bodies -> the gRPC `GenerateRequest` the servicer would get, so that both fronts
+share validation (`validation.prepare_generate`), chat rendering and message-start checkpoints.
+
+Pure functions: they read a decoded JSON body and raise `OpenAIError` (OpenAI's error shape, with
+`param` naming the offending field) for what OpenAI itself would refuse or hyserve cannot honour.
+Fields this server does not use (user, metadata, store, tool_choice, ...) are ignored, as OpenAI
+ignores unknown ones. Extensions used by vLLM / llama-server clients: top_k, min_p,
+repetition_penalty, ignore_eos, chat_template_kwargs, cache_prompt, return_token_ids.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from google.protobuf import struct_pb2
+
+from hyserve.api.gen import hyserve_pb2 as pb
+
+__all__ = ["OpenAIError", "OpenAIRequest", "parse_chat", "parse_completion", "validation_param"]
+
+# OpenAI's default when temperature is unset (the gRPC API's default is greedy)
+DEFAULT_TEMPERATURE = 1.0
+MAX_TOP_LOGPROBS = 20
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+class OpenAIError(Exception):
+    """A request OpenAI's API would answer with an error object; `status` is the HTTP status."""
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class OpenAIRequest:
+    kind: Literal["chat", "completion"]
+    generate: pb.GenerateRequest
+    stream: bool
+    include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+    return_token_ids: bool  # vLLM's extension: prompt_token_ids and per-choice token_ids
+    logprobs: bool
+    top_logprobs: int
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(body: dict[str, Any], name: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_number(value) or not math.isfinite(value):
+        raise OpenAIError(f"{name}: must be a number", name)
+    if value < lo or value > hi or (lo_open and value == lo):
+        bracket = "(" if lo_open else "["
+        raise OpenAIError(f"{name}: must be in {bracket}{lo:g}, {hi:g}] (got {value:g})", name)
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, lo: int, hi: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise OpenAIError(f"{name}: must be an integer", name)
+    if value < lo or (hi is not None and value > hi):
+        upper = f" and <= {hi}" if hi is not None else ""
+        raise OpenAIError(f"{name}: must be >= {lo}{upper} (got {value})", name)
+    return value
+
+
+def _boolean(body: dict[str, Any], name: str) -> bool | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise OpenAIError(f"{name}: must be a boolean", name)
+    return value
+
+
+def _sampling(body: dict[str, Any]) -> pb.SamplingParams:
+    s = pb.SamplingParams()
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    s.temperature = DEFAULT_TEMPERATURE if temperature is None else temperature
+    if (top_p := _number(body, "top_p", 0.0, 1.0, lo_open=True)) is not None:
+        s.top_p = top_p
+    for name in ("presence_penalty", "frequency_penalty"):
+        if (value := _number(body, name, -2.0, 2.0)) is not None:
+            setattr(s, name, value)
+    if (min_p := _number(body, "min_p", 0.0, 1.0)) is not None:
+        s.min_p = min_p
+    if (rep := _number(body, "repetition_penalty", 0.0, math.inf, lo_open=True)) is not None:
+        s.repetition_penalty = rep
+    if (top_k := _integer(body, "top_k", -1)) is not None:
+        s.top_k = max(top_k, 0)  # vLLM spells "no limit" -1
+    if (seed := _integer(body, "seed", 0, 2**64 - 1)) is not None:
+        s.seed = seed
+    return s
+
+
+def _stop_strings(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise OpenAIError("stop: must be a string or an array of strings", "stop")
+    if any(not s for s in items):
+        raise OpenAIError("stop: stop strings must not be empty", "stop")
+    return items
+
+
+def _stopping(body: dict[str, Any], max_tokens_names: tuple[str, ...]) -> pb.StoppingCriteria:
+    stopping = pb.StoppingCriteria(stop_strings=_stop_strings(body))
+    for name in max_tokens_names:
+        if (n := _integer(body, name, 1, 2**32 - 1)) is not None:
+            stopping.max_tokens = n
+            break
+    stopping.ignore_eos = bool(_boolean(body, "ignore_eos"))
+    return stopping
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    if (n := _integer(body, "n", 1)) is not None and n != 1:
+        raise OpenAIError("n: only n=1 is supported", "n")
+    if body.get("logit_bias"):
+        raise OpenAIError("logit_bias: not supported by this server", "logit_bias")
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":
+        raise OpenAIError("response_format: only {'type': 'text'} is supported", "response_format")
+
+
+def _stream_options(body: dict[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise OpenAIError("stream_options: only allowed when stream is true", "stream_options")
+    if not isinstance(options, dict):
+        raise OpenAIError("stream_options: must be an object", "stream_options")
+    return bool(_boolean(options, "include_usage"))
+
+
+def _common(body: dict[str, Any], request: pb.GenerateRequest, task_id: str) -> None:
+    request.task_id = task_id
+    request.sampling.CopyFrom(_sampling(body))
+    cache_prompt = _boolean(body, "cache_prompt")
+    if cache_prompt is not None:
+        request.cache.cache_prompt = cache_prompt
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise OpenAIError(f"{where}[{j}]: only text parts are supported", where)
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise OpenAIError(f"{where}: must be a string or an array of text parts", where)
+
+
+def _chat_message(i: int, message: Any) -> pb.ChatMessage:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise OpenAIError(f"{where}: must be an object", where)
+    role = message.get("role")
+    if role not in _ROLES:
+        raise OpenAIError(f"{where}.role: must be one of {sorted(_ROLES)}", f"{where}.role")
+    if message.get("tool_calls"):
+        raise OpenAIError(f"{where}.tool_calls: not supported by this server", f"{where}.tool_calls")
+    out = pb.ChatMessage(
+        role="system" if role == "developer" else role,
+        content=_content_text(message.get("content"), f"{where}.content"),
+    )
+    for name in ("name", "reasoning_content"):
+        value = message.get(name)
+        if value is not None:
+            if not isinstance(value, str):
+                raise OpenAIError(f"{where}.{name}: must be a string", f"{where}.{name}")
+            setattr(out, name, value)
+    return out
+
+
+def _chat_kwargs(body: dict[str, Any]) -> struct_pb2.Struct | None:
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise OpenAIError("chat_template_kwargs: must be an object", "chat_template_kwargs")
+    merged = dict(kwargs or {})
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise OpenAIError("tools: must be an array", "tools")
+        merged["tools"] = tools  # rendered by the template; calls come back as plain text
+    if not merged:
+        return None
+    out = struct_pb2.Struct()
+    try:
+        out.update(merged)
+    except (TypeError, ValueError) as exc:
+        raise OpenAIError(f"chat_template_kwargs: {exc}", "chat_template_kwargs") from exc
+    return out
+
+
+def _body(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise OpenAIError("the request body must be a JSON object")
+    _refuse_unsupported(body)
+    return body
+
+
+def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = bool(_boolean(body, "stream"))
+    return stream, _stream_options(body, stream)
+
+
+def parse_chat(raw: Any, task_id: str) -> OpenAIRequest:
+    """A /v1/chat/completions body -> a GenerateRequest with ChatInput (rendered like gRPC chat)."""
+    body = _body(raw)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError("messages: must be a non-empty array", "messages")
+    request = pb.GenerateRequest(chat=pb.ChatInput(messages=[_chat_message(i, m) for i, m in enumerate(messages)]))
+    if (kwargs := _chat_kwargs(body)) is not None:
+        request.chat.chat_template_kwargs.CopyFrom(kwargs)
+    _common(body, request, task_id)
+    request.stopping.CopyFrom(_stopping(body, ("max_completion_tokens", "max_tokens")))
+    logprobs = bool(_boolean(body, "logprobs"))
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    if top and not logprobs:
+        raise OpenAIError("top_logprobs: requires logprobs to be true", "top_logprobs")
+    request.logprobs, request.top_logprobs = logprobs, top
+    stream, include_usage = _stream(body)
+    return OpenAIRequest(
+        "chat", request, stream, include_usage, bool(_boolean(body, "return_token_ids")), logprobs, top
+    )
+
+
+def _prompt(prompt: Any) -> pb.GenerateRequest:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise OpenAIError("prompt: must not be empty", "prompt")
+        return pb.GenerateRequest(text=pb.TextInput(text=prompt))
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if any(t < 0 for t in prompt):
+            raise OpenAIError("prompt: token ids must be >= 0", "prompt")
+        return pb.GenerateRequest(tokens=pb.TokenInput(token_ids=prompt))
+    raise OpenAIError("prompt: must be a non-empty string or array of token ids (one prompt per request)", "prompt")
+
+
+def parse_completion(raw: Any, task_id: str) -> OpenAIRequest:
+    """A /v1/completions body -> a GenerateRequest with text (BOS added as the model asks) or tokens."""
+    body = _body(raw)
+    if body.get("echo"):
+        raise OpenAIError("echo: not supported by this server", "echo")
+    if body.get("suffix"):
+        raise OpenAIError("suffix: not supported by this server", "suffix")
+    if (best_of := _integer(body, "best_of", 1)) is not None and best_of != 1:
+        raise OpenAIError("best_of: only 1 is supported", "best_of")
+    request = _prompt(body.get("prompt"))
+    _common(body, request, task_id)
+    request.stopping.CopyFrom(_stopping(body, ("max_tokens",)))
+    top = _integer(body, "logprobs", 0, 5)  # completions: an int, the number of alternatives
+    if top is not None:
+        request.logprobs, request.top_logprobs = True, top
+    stream, include_usage = _stream(body)
+    return OpenAIRequest(
+        "completion",
+        request,
+        stream,
+        include_usage,
+        bool(_boolean(body, "return_token_ids")),
+        top is not None,
+        top or 0,
+    )
+
+
+# hyserve's validation messages name GenerateRequest fields; OpenAI's `param` names the body's.
+_PARAMS = {
+    "stopping.max_tokens": "max_tokens",
+    "stopping.stop_strings": "stop",
+    "stopping.stop_token_ids": "stop",
+    "tokens.token_ids": "prompt",
+    "text.text": "prompt",
+    "chat.chat_template_kwargs": "chat_template_kwargs",
+    "chat.messages": "messages",
+    "chat": "messages",
+    "top_logprobs": "top_logprobs",
+    "task_id": None,
+}
+
+
+def validation_param(message: str, kind: Literal["chat", "completion"]) -> str | None:
+    """The body field a hyserve validation message is about (its text starts with the proto field)."""
+    field = message.split(":", 1)[0].split("[", 1)[0]
+    if field == "input":
+        return "messages" if kind == "chat" else "prompt"
+    if field.startswith("sampling."):
+        return field.removeprefix("sampling.")
+    return _PARAMS.get(field, field if field.isidentifier() else None)

@@ -1,0 +1,158 @@
+"""OpenAI response bodies built from engine events. Pure functions of their arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hyserve.engine.task import DeltaEvent, FinishedEvent, FinishReason, TokenLogprob, Usage
+
+__all__ = [
+    "Completion",
+    "chat_chunk",
+    "chat_response",
+    "completion_chunk",
+    "completion_response",
+    "finish_reason",
+    "logprobs_json",
+    "usage_json",
+]
+
+_FINISH = {
+    FinishReason.EOS: "stop",
+    FinishReason.STOP_STRING: "stop",
+    FinishReason.STOP_TOKEN: "stop",
+    FinishReason.MAX_TOKENS: "length",
+    FinishReason.CONTEXT_FULL: "length",
+    FinishReason.CANCELLED: "cancelled",  # stopped by the gRPC Cancel RPC (OpenAI has no such reason)
+}
+
+TokenBytes = Callable[[int], bytes]
+
+
+def finish_reason(reason: FinishReason) -> str:
+    return _FINISH[reason]
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
+    }
+
+
+def _token(token_id: int, logprob: float, token_bytes: TokenBytes) -> dict[str, Any]:
+    raw = token_bytes(token_id)
+    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+
+def logprobs_json(items: Sequence[TokenLogprob], token_bytes: TokenBytes, chat: bool) -> dict[str, Any]:
+    """Chat: {"content": [...]}; completions: the legacy token/token_logprobs/top_logprobs lists."""
+    if chat:
+        return {
+            "content": [
+                {
+                    **_token(lp.token_id, lp.logprob, token_bytes),
+                    "top_logprobs": [_token(t, v, token_bytes) for t, v in lp.top],
+                }
+                for lp in items
+            ]
+        }
+    pieces = [token_bytes(lp.token_id).decode("utf-8", errors="replace") for lp in items]
+    return {
+        "tokens": pieces,
+        "token_logprobs": [lp.logprob for lp in items],
+        "top_logprobs": [{token_bytes(t).decode("utf-8", errors="replace"): v for t, v in lp.top} for lp in items],
+    }
+
+
+@dataclass
+class Completion:
+    """What a non-streamed response accumulates from the task's events."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finished: FinishedEvent | None = None
+
+    def add(self, event: DeltaEvent) -> None:
+        self.text.append(event.text)
+        self.token_ids.extend(event.token_ids)
+        self.logprobs.extend(event.logprobs)
+
+
+def _envelope(obj: str, id_: str, created: int, model: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": id_, "object": obj, "created": created, "model": model, "choices": choices}
+
+
+def chat_response(
+    id_: str,
+    created: int,
+    model: str,
+    done: Completion,
+    logprobs: dict[str, Any] | None,
+    prompt_token_ids: Sequence[int] | None,
+) -> dict[str, Any]:
+    assert done.finished is not None
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": "".join(done.text)},
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(done.finished.reason),
+    }
+    body = _envelope("chat.completion", id_, created, model, [choice])
+    body["usage"] = usage_json(done.finished.usage)
+    if prompt_token_ids is not None:
+        body["prompt_token_ids"] = list(prompt_token_ids)
+        choice["token_ids"] = list(done.token_ids)
+    return body
+
+
+def completion_response(
+    id_: str,
+    created: int,
+    model: str,
+    done: Completion,
+    logprobs: dict[str, Any] | None,
+    prompt_token_ids: Sequence[int] | None,
+) -> dict[str, Any]:
+    assert done.finished is not None
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": "".join(done.text),
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(done.finished.reason),
+    }
+    body = _envelope("text_completion", id_, created, model, [choice])
+    body["usage"] = usage_json(done.finished.usage)
+    if prompt_token_ids is not None:
+        body["prompt_token_ids"] = list(prompt_token_ids)
+        choice["token_ids"] = list(done.token_ids)
+    return body
+
+
+def chat_chunk(
+    id_: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **(extra or {})}
+    return _envelope("chat.completion.chunk", id_, created, model, [choice])
+
+
+def completion_chunk(
+    id_: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, **(extra or {})}
+    return _envelope("text_completion", id_, created, model, [choice])

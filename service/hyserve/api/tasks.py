@@ -1,0 +1,67 @@
+"""One submitted task seen from the asyncio loop: the path shared by the gRPC servicer and the
+OpenAI-compatible HTTP front, so both make tasks and stream their events the same way.
+
+The engine thread hands the task's events to an asyncio queue (`loop.call_soon_threadsafe`). The
+caller iterates them until Finished or Failed; when it stops earlier for any reason (its client
+went away, a deadline, a cancelled handler), `close()` cancels this task and only this one.
+
+A client may name its conversation in the `x-session-id` header (gRPC metadata or HTTP header) so
+that a balancer can keep it on one replica, and so on that replica's prompt cache. The server does
+not route on it; it only binds it to the task's log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from hyserve.api.validation import PreparedRequest
+from hyserve.engine.cancel import CancelSource
+from hyserve.engine.engine import Engine
+from hyserve.engine.task import Event, FailedEvent, FinishedEvent, Task
+
+__all__ = ["SESSION_HEADER", "TaskRun"]
+
+SESSION_HEADER = "x-session-id"
+
+
+class TaskRun:
+    def __init__(self, engine: Engine, prepared: PreparedRequest, session_id: str = "") -> None:
+        loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(event: Event) -> None:  # called on the engine thread
+            loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+        self.engine = engine
+        self.task = Task(
+            id=prepared.task_id,
+            prompt=prepared.prompt,
+            params=prepared.params,
+            stop=prepared.stop,
+            sink=sink,
+            logprobs=prepared.logprobs,
+            top_logprobs=prepared.top_logprobs,
+            cache_prompt=prepared.cache_prompt,
+            message_boundaries=prepared.message_boundaries,
+            checkpoint_offsets=prepared.checkpoint_offsets,
+        )
+        if session_id:
+            self.task.log = self.task.log.bind(session_id=session_id[:128])
+
+    def submit(self) -> None:
+        """Queue the task. Raises DuplicateTaskError, QueueFullError or EngineClosedError."""
+        self.engine.submit(self.task)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The task's events, ending with its FinishedEvent or FailedEvent."""
+        while True:
+            event = await self._events.get()
+            yield event
+            if isinstance(event, FinishedEvent | FailedEvent):
+                return
+
+    def close(self) -> None:
+        """The caller is done: cancel the task if it has not ended (no effect on any other task)."""
+        if not self.task.ended:
+            self.engine.cancel_task(self.task, CancelSource.CLIENT_GONE)
