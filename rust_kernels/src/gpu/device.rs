@@ -185,15 +185,6 @@ impl Gpu {
         self.info.device_type == wgpu::DeviceType::Cpu
     }
 
-    /// Threads that share one weight row in the matmul: 16 on GPUs (a coalesced read of each row,
-    /// joined by a short tree), 1 on software adapters, where barriers cost more than they share.
-    pub fn lanes(&self) -> u32 {
-        if self.is_software() {
-            1
-        } else {
-            16
-        }
-    }
 
     /// The largest buffer one binding may see.
     pub fn max_binding(&self) -> u64 {

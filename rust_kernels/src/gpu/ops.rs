@@ -14,13 +14,13 @@ static QUANTIZE_ACT: Kernel = Kernel {
     name: "quantize_act",
     sources: &[include_str!("shaders/quantize_act.wgsl")],
     entry: "main",
-    bindings: &[(0, Read), (1, ReadWrite), (2, ReadWrite), (3, ReadWrite), (4, Uniform)],
+    bindings: &[(0, Read), (1, ReadWrite), (2, ReadWrite), (3, ReadWrite), (4, ReadWrite), (5, Uniform)],
 };
 static MATMUL: Kernel = Kernel {
     name: "matmul",
     sources: &[QUANT, include_str!("shaders/matmul.wgsl")],
     entry: "main",
-    bindings: &[(0, Read), (1, Read), (2, Read), (3, Read), (4, ReadWrite), (5, Uniform)],
+    bindings: &[(0, Read), (1, Read), (2, Read), (3, Read), (4, Read), (5, ReadWrite), (6, Uniform)],
 };
 static GET_ROWS: Kernel = Kernel {
     name: "get_rows",
@@ -122,6 +122,7 @@ pub struct QuantizedAct {
     xq: GpuBuffer,
     xd: GpuBuffer,
     xs: GpuBuffer,
+    xh: GpuBuffer,
 }
 
 /// Quantizes `x` (n × cols) for weights whose act kind is `kind`.
@@ -136,12 +137,13 @@ pub fn quantize_act(gpu: &Gpu, x: &GpuBuffer, n: usize, cols: usize, kind: u32) 
         xq: gpu.alloc((n * n_sub * 32 * 4) as u64),
         xd: gpu.alloc((n * n_sub * 4) as u64),
         xs: gpu.alloc((n * n_sub * 4) as u64),
+        xh: gpu.alloc((n * n_sub * 4) as u64),
     };
     let p = [n as u32, cols as u32, n_sub as u32, gx];
     gpu.dispatch(
         &QUANTIZE_ACT,
         &[("ACT", kind)],
-        &[x.raw(), q.xq.raw(), q.xd.raw(), q.xs.raw()],
+        &[x.raw(), q.xq.raw(), q.xd.raw(), q.xs.raw(), q.xh.raw()],
         bytes_of(&p),
         [gx, gy, 1],
     );
@@ -153,10 +155,9 @@ pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
     debug_assert_eq!(x.kind, act_kind(w.ggml_type));
     let n = x.n;
     let out = gpu.alloc((n * w.rows * 4) as u64);
-    let lanes = gpu.lanes();
-    let rows_per_group = 64 / lanes as usize;
     for (buf, row0, rows) in &w.chunks {
-        let (gx, gy) = groups_wrapped(rows.div_ceil(rows_per_group));
+        // eight threads (the CPU's eight float lanes) per weight row, eight rows per workgroup
+        let (gx, gy) = groups_wrapped(rows.div_ceil(8));
         let p = params8([
             *rows as u32,
             w.cols as u32,
@@ -169,8 +170,8 @@ pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
         ]);
         gpu.dispatch(
             &MATMUL,
-            &[("FMT", w.ggml_type), ("LANES", lanes)],
-            &[buf.raw(), x.xq.raw(), x.xd.raw(), x.xs.raw(), out.raw()],
+            &[("FMT", w.ggml_type)],
+            &[buf.raw(), x.xq.raw(), x.xd.raw(), x.xs.raw(), x.xh.raw(), out.raw()],
             bytes_of(&p),
             [gx, gy, n.div_ceil(8) as u32],
         );

@@ -190,3 +190,67 @@ fn dequant32(fmt: u32, row: u32, s: u32, cols: u32, out: ptr<function, array<vec
         (*out)[k] = sm.x * select(sc.x, sc.y, k >= 4u) * (*out)[k] - sm.y;
     }
 }
+
+// The integer quants of elements e..e+3 (e a multiple of 4) of the row at `row`, as the CPU's dot
+// products take them: legacy formats with their offset applied (Q4_0: -8, Q5_0: -16), Q4_K/Q5_K
+// unsigned, Q6_K unsigned 0..63 (the -32 enters through the activation sums).
+fn quad_q(fmt: u32, row: u32, e: u32) -> vec4<i32> {
+    switch fmt {
+        case T_Q8_0: {
+            return vec4<i32>(i8x4(row + 34u * (e / 32u) + 2u + e % 32u));
+        }
+        case T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1: {
+            let size = select(select(18u, 20u, fmt == T_Q4_1), select(22u, 24u, fmt == T_Q5_1), fmt >= T_Q5_0);
+            let b = row + size * (e / 32u);
+            let j = e % 32u;
+            var v = (bytes4(b + size - 16u + j % 16u) >> vec4<u32>(4u * (j / 16u))) & vec4<u32>(0xfu);
+            if fmt == T_Q5_0 || fmt == T_Q5_1 {
+                let qh = u32_at(b + size - 20u);
+                v |= ((vec4<u32>(qh) >> (vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u)) << vec4<u32>(4u);
+            }
+            let off = select(select(8, 16, fmt == T_Q5_0), 0, fmt == T_Q4_1 || fmt == T_Q5_1);
+            return vec4<i32>(v) - vec4<i32>(off);
+        }
+        case T_Q4_K, T_Q5_K: {
+            let size = select(144u, 176u, fmt == T_Q5_K);
+            let b = row + size * (e / 256u);
+            let c = (e % 256u) / 32u;
+            let l = e % 32u;
+            var v = (bytes4(b + size - 128u + 32u * (c / 2u) + l) >> vec4<u32>(4u * (c % 2u))) & vec4<u32>(0xfu);
+            if fmt == T_Q5_K {
+                v |= ((bytes4(b + 16u + l) >> vec4<u32>(c)) & vec4<u32>(1u)) << vec4<u32>(4u);
+            }
+            return vec4<i32>(v);
+        }
+        case T_Q6_K: {
+            let b = row + 210u * (e / 256u);
+            let r = e % 256u;
+            let half = r / 128u;
+            let part = (r % 128u) / 32u;
+            let l = r % 32u;
+            let lo = (bytes4(b + 64u * half + 32u * (part % 2u) + l) >> vec4<u32>(4u * (part / 2u))) & vec4<u32>(0xfu);
+            let hi = ((bytes4(b + 128u + 32u * half + l) >> vec4<u32>(2u * part)) & vec4<u32>(3u)) << vec4<u32>(4u);
+            return vec4<i32>(lo | hi);
+        }
+        default: {
+            return vec4<i32>(0);
+        }
+    }
+}
+
+// Elements e..e+3 of a float row (F32, F16, BF16), zero past `cols`.
+fn quad_f(fmt: u32, row: u32, e: u32, cols: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if e + i < cols {
+            if fmt == T_F32 {
+                v[i] = bitcast<f32>(w[(row >> 2u) + e + i]);
+            } else if fmt == T_F16 {
+                v[i] = f16_at(row + 2u * (e + i));
+            } else {
+                v[i] = bitcast<f32>(u16_at(row + 2u * (e + i)) << 16u);
+            }
+        }
+    }
+    return v;
+}

@@ -3,7 +3,7 @@
 //   0 f32 as is (F32 weights)      1 rounded to f16 (F16)      2 rounded to bf16 (BF16)
 //   3 Q8_0 (legacy formats)        4 Q8_1 (Q4_1, Q5_1)         5 Q8_K (K-quants, 256-blocks)
 // Output per 32-value sub-block: xq = the quants (or rounded values), xd = their scale,
-// xs = the sub-block's sum as the dot product's min term wants it (Q8_1: f16(d * sum(q))).
+// xs = Q8_1: f16(d * sum(q)); Q8_K: the sum of the first 16 quants, xh: of the last 16.
 // One invocation per (row, block of 32, or of 256 for Q8_K).
 
 override ACT: u32 = 0u;
@@ -19,7 +19,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> xq: array<f32>;  // n x n_sub*32
 @group(0) @binding(2) var<storage, read_write> xd: array<f32>;  // n x n_sub
 @group(0) @binding(3) var<storage, read_write> xs: array<f32>;  // n x n_sub
-@group(0) @binding(4) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read_write> xh: array<f32>;  // n x n_sub
+@group(0) @binding(5) var<uniform> p: Params;
 
 fn to_f16(v: f32) -> f32 {
     return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
@@ -80,14 +81,15 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
             d = 1.0 / iscale;
         }
         for (var k = 0u; k < n_sub; k++) {
-            var sum = 0.0;
+            var sums = vec2<f32>(0.0);
             for (var i = 0u; i < 32u; i++) {
                 let q = min(127.0, round(iscale * value(row, 32u * (s0 + k) + i)));
                 xq[(base + s0 + k) * 32u + i] = q;
-                sum += q;
+                sums[i / 16u] += q;
             }
             xd[base + s0 + k] = d;
-            xs[base + s0 + k] = d * sum;
+            xs[base + s0 + k] = sums.x;
+            xh[base + s0 + k] = sums.y;
         }
         return;
     }
