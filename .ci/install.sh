@@ -16,6 +16,13 @@ if ! command -v cargo >/dev/null 2>&1; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
+# Mesa's software Vulkan driver (lavapipe): the wgpu GPU path runs on it where no GPU exists
+# (`--device gpu`; the GPU tests). Debian only; skipped where a Vulkan driver is already installed.
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+fi
+
 extras="default-model"
 if [ "${1:-}" = "--test" ]; then
     extras="default-model,test"

@@ -6,6 +6,8 @@ bash .ci/install.sh --test
 CACHE="${HYSERVE_CACHE:-$HOME/.cache/hyserve}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/cargo-target}"
 PY="${PYTHON:-python3}"
+# wgpu's Vulkan loader wants a private runtime dir (harmless warnings otherwise)
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 
 "$PY" -m ruff check service tests bench clients
 "$PY" -m ruff format --check service tests bench clients

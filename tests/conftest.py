@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,3 +19,24 @@ def gemma_model(gemma_path: Path):  # -> LoadedModel
     from hyserve.model.loader import load_model
 
     return load_model(gemma_path)
+
+
+@pytest.fixture(scope="session")
+def gpu_device():  # -> hk.GpuDevice
+    """The wgpu device the GPU tests run on: a hardware adapter if there is one, else a software
+    one (Mesa's lavapipe, installed by .ci/install.sh --test); HYSERVE_TEST_GPU_ADAPTER picks one by
+    name. Skips only when no adapter exists at all."""
+    import hyserve_kernels as hk
+
+    name = os.environ.get("HYSERVE_TEST_GPU_ADAPTER") or None
+    try:
+        return hk.GpuDevice(None, name, allow_software=True)
+    except ValueError as exc:
+        pytest.skip(f"no wgpu adapter on this machine: {exc}")
+
+
+@pytest.fixture(scope="session")
+def gpu_backend(gpu_device):  # -> GpuBackend
+    from hyserve.model.backend.gpu import GpuBackend
+
+    return GpuBackend(gpu_device)

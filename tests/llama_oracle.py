@@ -95,3 +95,11 @@ def kl_per_position(reference: np.ndarray, ours: np.ndarray) -> np.ndarray:
 def top1_agreement(reference: np.ndarray, ours: np.ndarray) -> float:
     """Share of positions where both pick the same most likely token."""
     return float((reference.argmax(-1) == ours.argmax(-1)).mean())
+
+
+def top1_agreement_up_to_ties(reference: np.ndarray, ours: np.ndarray, tie: float = 0.01) -> float:
+    """Share of positions where our most likely token is also the reference's, or scores within
+    `tie` logits of the reference's best (a near-tie that float summation order decides)."""
+    best = reference.max(-1)
+    picked = np.take_along_axis(reference, ours.argmax(-1)[..., None], -1)[..., 0]
+    return float((picked >= best - tie).mean())

@@ -92,26 +92,29 @@ def chat(n_turns: int, *, system: str = SYSTEM, users: Sequence[str] = USERS) ->
     return messages
 
 
-KINDS = ["qwen35", "mamba2", "llama", "gemma3", "gemma3-ring"]
+# "-gpu": the same server on the wgpu device (a software adapter where no GPU exists)
+KINDS = ["qwen35", "mamba2", "llama", "gemma3", "gemma3-ring", "llama-gpu"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     kind = request.param
+    arch = kind.removesuffix("-gpu")
+    device = "gpu" if kind.endswith("-gpu") else "cpu"
     tmp = tmp_path_factory.mktemp(f"cache-{kind}")
     template = tmp / "template.jinja"
     template.write_text(make_models.CHAT_TEMPLATE)
     if kind.startswith("gemma3"):
         model_arg = "default"
     else:
-        model_arg = str(make_models.write_model(tmp / f"{kind}.gguf", kind, qtype="q8_0"))
+        model_arg = str(make_models.write_model(tmp / f"{arch}.gguf", arch, qtype="q8_0"))
     args = ["--model", model_arg, "--chat-template", str(template), "--parallel", "1", "--ctx-size", "2048"]
     if kind == "gemma3-ring":  # sliding-window layers as ring buffers, resumed from window checkpoints
         args += ["--swa-cache", "ring"]
     metrics_port = free_port()
     args += ["--threads", "2", "--prompt-chunk", "32", "--checkpoint-interval", "64"]
-    args += ["--metrics-port", str(metrics_port)]
-    model = load_model(model_arg, template)
+    args += ["--metrics-port", str(metrics_port), "--device", device]
+    model = load_model(model_arg, template, device)  # the cache-free reference runs on the same device
     with running_server(tmp / "server.log", *args) as target:
         yield Served(kind, target, model, f"http://127.0.0.1:{metrics_port}/metrics")
 
@@ -283,7 +286,7 @@ def test_cache_stats_report_checkpoints_and_the_store(served: Served) -> None:
     positions = [cp.position for cp in slot.checkpoints]
     assert positions == sorted(positions) and max(positions) <= slot.cached_tokens  # I2
     assert any(cp.has_logits for cp in slot.checkpoints)
-    if served.kind in ("llama", "gemma3"):  # attention-only memory: only prompt ends, logits only
+    if served.kind in ("llama", "gemma3", "llama-gpu"):  # attention-only memory: only prompt ends, logits only
         assert {cp.kind.name for cp in slot.checkpoints} == {"PROMPT_END"}
     else:
         assert all(cp.bytes > 0 for cp in slot.checkpoints)

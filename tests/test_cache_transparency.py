@@ -120,8 +120,8 @@ def attention_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_models.write_model(tmp_path_factory.mktemp("transparency") / "llama.gguf", "llama", qtype="q8_0")
 
 
-def _rig(path: Path, n_slots: int, checkpoints_kept: int = 3) -> Iterator[Rig]:
-    model = load_model(path)
+def _rig(path: Path, n_slots: int, checkpoints_kept: int = 3, device: str = "cpu") -> Iterator[Rig]:
+    model = load_model(path, device=device)
     # budgets in units of one checkpoint (attention-only memory: logits only) so eviction happens
     snap_bytes = max(model.arch.new_memory(8).snapshot().nbytes, 4 * model.arch.n_vocab)
     logits_bytes = 4 * model.arch.n_vocab
@@ -157,6 +157,12 @@ def rig2(model_path: Path) -> Iterator[Rig]:
 @pytest.fixture(scope="module")
 def attention_rig(attention_model_path: Path) -> Iterator[Rig]:
     yield from _rig(attention_model_path, 2, checkpoints_kept=1)
+
+
+@pytest.fixture(scope="module")
+def gpu_rig(attention_model_path: Path) -> Iterator[Rig]:
+    """The attention-only engine on the wgpu device (a software adapter where no GPU exists)."""
+    yield from _rig(attention_model_path, 2, checkpoints_kept=1, device="gpu")
 
 
 # --- request generation --------------------------------------------------------------------------
@@ -250,7 +256,8 @@ def check_memory_invariants(rig: Rig) -> None:
         assert same_states(slot.memory.snapshot(), fresh.snapshot()), "slot memory != fresh evaluation (I1)"
         for il, cache in slot.memory.kv.items():
             n = slot.memory.n_tokens
-            assert np.array_equal(cache.k[:n], fresh.kv[il].k[:n]) and np.array_equal(cache.v[:n], fresh.kv[il].v[:n])
+            (k, v), (fresh_k, fresh_v) = cache.host_copy(n), fresh.kv[il].host_copy(n)
+            assert np.array_equal(k, fresh_k) and np.array_equal(v, fresh_v)
         for cp in slot.checkpoints:  # I2 + I3: a complete state of a prefix of T
             assert cp.position <= len(slot.tokens)
             assert same_states(cp.snapshot, fresh_state(rig, slot.tokens[: cp.position]).snapshot())
@@ -288,6 +295,13 @@ def test_cache_is_transparent_on_two_slots(rig2: Rig, data: st.DataObject) -> No
 @given(data=st.data())
 def test_cache_is_transparent_on_attention_only_memory(attention_rig: Rig, data: st.DataObject) -> None:
     run_example(attention_rig, data)
+
+
+@settings(SETTINGS, max_examples=EXAMPLES // 8)
+@given(data=st.data())
+def test_cache_is_transparent_on_the_gpu(gpu_rig: Rig, data: st.DataObject) -> None:
+    """Fewer examples: the software adapter is slow, and the engine logic is the CPU runs' own."""
+    run_example(gpu_rig, data)
 
 
 def test_the_runs_exercised_the_cache(rig1: Rig, rig2: Rig, attention_rig: Rig) -> None:

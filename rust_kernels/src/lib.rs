@@ -5,6 +5,8 @@
 
 pub mod attention;
 pub mod cancel;
+pub mod gpu;
+mod gpu_py;
 pub mod matmul;
 pub mod moe;
 mod moe_py;
@@ -727,5 +729,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mamba2_scan, m)?)?;
     // mixture of experts
     m.add_class::<moe_py::MoeFfn>()?;
+    // the GPU path (wgpu)
+    gpu_py::register(m)?;
     Ok(())
 }

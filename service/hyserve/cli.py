@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from hyserve.logging_setup import configure_logging
+from hyserve.model.backend.select import add_device_arguments
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -16,6 +17,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2, help="kernel threads")
     p.add_argument("--ctx-size", type=int, default=4096)
     p.add_argument("--chat-template", type=Path, default=None, help="Jinja file overriding the model's template")
+    add_device_arguments(p)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -26,7 +28,7 @@ def _generate(args: argparse.Namespace) -> int:
     from hyserve.model.loader import load_model
 
     hyserve_kernels.set_num_threads(args.threads)
-    model = load_model(args.model, args.chat_template)
+    model = load_model(args.model, args.chat_template, args.device, args.gpu_backend, args.gpu_adapter)
     if args.chat:
         rendered = model.chat_template.render([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
         prompt = model.tokenizer.encode(rendered.text, add_special=False, parse_special=True)

@@ -3,6 +3,10 @@
 from hyserve_kernels._native import (
     CancelFlag,
     Cancelled,
+    GpuDevice,
+    GpuKvCache,
+    GpuMatrix,
+    GpuTensor,
     MoeFfn,
     QMatrix,
     attention,
@@ -28,6 +32,10 @@ from hyserve_kernels._native import (
 __all__ = [
     "CancelFlag",
     "Cancelled",
+    "GpuDevice",
+    "GpuKvCache",
+    "GpuMatrix",
+    "GpuTensor",
     "MoeFfn",
     "QMatrix",
     "attention",

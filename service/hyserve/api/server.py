@@ -38,6 +38,7 @@ from grpc_reflection.v1alpha import reflection
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
 from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime, model_info
 from hyserve.api.validation import RequestLimits
+from hyserve.model.backend.select import add_device_arguments
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +79,9 @@ class ServeConfig:
     swa_cache: str = "full"
     replica_id: str | None = None
     http_port: int | None = None  # OpenAI-compatible HTTP front
+    device: str = "cpu"
+    gpu_backend: str | None = None
+    gpu_adapter: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -100,6 +104,9 @@ class ServeConfig:
             drain_seconds=args.drain_seconds,
             replica_id=args.replica_id,
             http_port=args.http_port,
+            device=args.device,
+            gpu_backend=args.gpu_backend,
+            gpu_adapter=args.gpu_adapter,
         )
 
 
@@ -137,6 +144,7 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         default="full",
         help="sliding-window layers: full cache (resume anywhere) or ring buffer + window checkpoints (less memory)",
     )
+    add_device_arguments(p)
     p.set_defaults(func=run_serve)
     return p
 
@@ -194,7 +202,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
 
     if config.threads is not None:
         hyserve_kernels.set_num_threads(config.threads)
-    model = load_model(config.model, config.chat_template)
+    model = load_model(config.model, config.chat_template, config.device, config.gpu_backend, config.gpu_adapter)
     if config.ctx_size > model.arch.n_ctx_train:
         log.warning("ctx_size_exceeds_training", ctx_size=config.ctx_size, n_ctx_train=model.arch.n_ctx_train)
     start = time.perf_counter()

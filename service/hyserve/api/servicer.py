@@ -284,6 +284,8 @@ def model_info(runtime: Runtime) -> pb.ModelInfoResponse:
         has_chat_template=runtime.has_chat_template,
         memory_kind=memory_kind(model.arch),
         server_version=hyserve.__version__,
+        device=model.arch.ops.name,
+        device_name=model.arch.ops.description,
     )
     if tok.bos_id is not None:
         info.bos_token_id = tok.bos_id

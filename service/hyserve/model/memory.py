@@ -28,6 +28,14 @@ class KVCache:
         self.k[start:end] = k
         self.v[start:end] = v
 
+    def host_copy(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of positions 0..n (copies, for the host prefix store)."""
+        return self.k[:n].copy(), self.v[:n].copy()
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
     def bits_until(self, end: int) -> tuple[np.ndarray, np.ndarray]:
         """K and V for positions < end as uint16 views (what the attention kernel reads)."""
         return self.k[:end].view(np.uint16), self.v[:end].view(np.uint16)
@@ -150,6 +158,8 @@ class SequenceMemory:
         sized for forwards of up to `max_batch` tokens."""
         for il, window in windows.items():
             old = self.kv[il]
+            if not isinstance(old, KVCache):
+                raise ValueError("ring-buffer window caches exist on the CPU only (use --swa-cache full)")
             capacity = -(-(window + max_batch + 8) // 8) * 8
             if window <= 0 or capacity >= self.n_ctx:
                 continue  # a ring would not be smaller
@@ -186,7 +196,7 @@ class SequenceMemory:
     def export(self) -> MemoryImage:
         """A copy of everything this memory holds (KV entries up to n_tokens + the recurrent state)."""
         n = self.n_tokens
-        kv = {il: (c.k[:n].copy(), c.v[:n].copy()) for il, c in self.kv.items() if isinstance(c, KVCache)}
+        kv = {il: c.host_copy(n) for il, c in self.kv.items() if not isinstance(c, WindowCache)}
         return MemoryImage(n, kv, self.snapshot())
 
     def load(self, image: MemoryImage, n: int, snap: Snapshot | None = None) -> None:

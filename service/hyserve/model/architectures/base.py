@@ -6,11 +6,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import ClassVar
 
 import hyserve_kernels as hk
 import numpy as np
 from hyserve_kernels import CancelFlag
 
+from hyserve.model.backend.base import Backend
+from hyserve.model.backend.cpu import CPU
 from hyserve.model.memory import SequenceMemory
 
 
@@ -37,6 +40,9 @@ class Architecture(ABC):
     name: str
     n_vocab: int
     n_ctx_train: int
+    # where the forward pass runs; architectures without a GPU path keep the CPU
+    ops: Backend = CPU
+    has_gpu_path: ClassVar[bool] = False
 
     @abstractmethod
     def new_memory(self, n_ctx: int) -> SequenceMemory: ...
@@ -52,9 +58,15 @@ class Architecture(ABC):
         With `cancel` (a task's flag), it raises `ForwardCancelled` at the next layer boundary once
         the flag is set, advancing no memory."""
         try:
-            return self._forward(segments, cancel)
+            out = self._forward(segments, cancel)
         except hk.Cancelled:  # a kernel saw the flag mid-call
+            self.ops.abort()
             raise ForwardCancelled from None
+        except BaseException:
+            self.ops.abort()  # nothing of a failed call may run later
+            raise
+        self.ops.flush()
+        return out
 
     @abstractmethod
     def _forward(self, segments: Sequence[Segment], cancel: CancelFlag | None) -> list[np.ndarray | None]:

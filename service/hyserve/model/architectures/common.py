@@ -2,44 +2,39 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.model.architectures.base import Segment, logit_rows, split_logits
+from hyserve.model.backend.base import Backend, Matrix, Tensor
 from hyserve.model.memory import RecurrentState, SequenceMemory
 
 
 def attend(
+    ops: Backend,
     segments: Sequence[Segment],
     spans: list[slice],
     layer: int,
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    positions: np.ndarray,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    positions: Tensor,
     window: int = 0,
     kq_scale: float = 1.0,
-) -> np.ndarray:
+) -> Tensor:
     """Write each segment's K/V rows into its own cache, then attend its queries over that cache.
 
-    q: rows x n_head x head_dim; k, v: rows x n_kv x head_dim; scores are multiplied by kq_scale before
-    the softmax (1.0 when q is pre-scaled). Returns rows x n_head*head_dim.
+    q: rows x n_head*head_dim, k, v: rows x n_kv*head_dim (or the same split per head); scores are
+    multiplied by kq_scale before the softmax (1.0 when q is pre-scaled); `positions` as
+    `ops.ids` made them. Returns rows x n_head*head_dim.
     """
-    out = np.empty((q.shape[0], q.shape[1] * q.shape[2]), dtype=np.float32)
+    rows = q.shape[0]
+    out = ops.empty((rows, math.prod(q.shape[1:])))
     for seg, span in zip(segments, spans):
-        if span.stop == span.start:
-            continue
-        cache = seg.memory.kv[layer]
-        start = seg.memory.n_tokens
-        end = start + (span.stop - span.start)
-        cache.write(start, k[span], v[span])
-        # a ring-buffer window cache hands over its keys from `base` on: positions shift with them
-        k_bits, v_bits, base = cache.attention_view(start, end, window)
-        pos = positions[span] if base == 0 else positions[span] - base
-        a = hk.attention(q[span], k_bits, v_bits, pos, window, kq_scale)
-        out[span] = a.reshape(span.stop - span.start, -1)
+        if span.stop > span.start:
+            ops.attention(seg.memory.kv[layer], seg.memory.n_tokens, q, k, v, span, positions, window, kq_scale, out)
     return out
 
 
@@ -51,22 +46,24 @@ def advance(segments: Sequence[Segment]) -> None:
 
 
 def output_logits(
-    h: np.ndarray,
+    ops: Backend,
+    h: Tensor,
     segments: Sequence[Segment],
     spans: list[slice],
-    norm: np.ndarray,
-    output: hk.QMatrix,
+    norm: Tensor,
+    output: Matrix,
     eps: float,
     softcap: float = 0.0,
 ) -> list[np.ndarray | None]:
-    """Final norm and LM head (optionally soft-capped), for the rows whose logits were asked for only."""
+    """Final norm and LM head (optionally soft-capped), for the rows whose logits were asked for
+    only; only those logits come back to the host."""
     wanted = logit_rows(segments, spans)
     if len(wanted) == 0:
         return split_logits(segments, spans, np.empty((0, output.rows), np.float32))
-    logits = hk.matmul(output, hk.rms_norm(np.ascontiguousarray(h[wanted]), norm, eps))
+    logits = ops.matmul(output, ops.rms_norm(ops.take_rows(h, wanted), norm, eps))
     if softcap:
-        logits = (softcap * np.tanh(logits / softcap)).astype(np.float32)
-    return split_logits(segments, spans, logits)
+        logits = ops.softcap(logits, softcap)
+    return split_logits(segments, spans, ops.to_host(logits))
 
 
 class WorkingStates:

@@ -20,27 +20,29 @@ from hyserve.model.architectures.base import (
     segment_rows,
 )
 from hyserve.model.architectures.common import advance, attend, output_logits
+from hyserve.model.backend import CPU, Backend
+from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
-from hyserve.model.memory import KVCache, SequenceMemory
+from hyserve.model.memory import SequenceMemory
 from hyserve.model.weights import WeightLoader
 
 
 @dataclass
 class _Layer:
-    attn_norm: np.ndarray
-    wq: hk.QMatrix
-    wk: hk.QMatrix
-    wv: hk.QMatrix
-    q_norm: np.ndarray
-    k_norm: np.ndarray
-    wo: hk.QMatrix
-    post_attn_norm: np.ndarray
-    ffn_norm: np.ndarray
-    w_gate: hk.QMatrix
-    w_up: hk.QMatrix
-    w_down: hk.QMatrix
-    post_ffn_norm: np.ndarray
+    attn_norm: Tensor
+    wq: Matrix
+    wk: Matrix
+    wv: Matrix
+    q_norm: Tensor
+    k_norm: Tensor
+    wo: Matrix
+    post_attn_norm: Tensor
+    ffn_norm: Tensor
+    w_gate: Matrix
+    w_up: Matrix
+    w_down: Matrix
+    post_ffn_norm: Tensor
     window: int  # 0 for global layers
     rope_base: float
     rope_scale: float
@@ -49,9 +51,12 @@ class _Layer:
 class Gemma3(Architecture):
     name = "gemma3"
 
-    def __init__(self, gguf: GGUFFile) -> None:
+    has_gpu_path = True
+
+    def __init__(self, gguf: GGUFFile, ops: Backend = CPU) -> None:
         hp = HParams(gguf)
-        w = WeightLoader(gguf)
+        w = WeightLoader(gguf, ops)
+        self.ops = ops
         self.n_embd = hp.int("embedding_length")
         self.n_layer = hp.int("block_count")
         self.n_head = hp.int("attention.head_count")
@@ -103,35 +108,27 @@ class Gemma3(Architecture):
         return {il: L.window for il, L in enumerate(self.layers) if L.window > 0}
 
     def new_memory(self, n_ctx: int) -> SequenceMemory:
-        return SequenceMemory(n_ctx, {il: KVCache(n_ctx, self.n_kv, self.head_dim) for il in range(self.n_layer)})
+        kv = {il: self.ops.kv_cache(n_ctx, self.n_kv, self.head_dim) for il in range(self.n_layer)}
+        return SequenceMemory(n_ctx, kv)
 
     def _forward(self, segments: Sequence[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
-        tokens, pos, spans = segment_rows(segments)
-        rows, hd, eps = len(tokens), self.head_dim, self.eps
-        h = hk.get_rows(self.token_embd, tokens)
-        h *= self.embd_scale
+        ops = self.ops
+        tokens, positions, spans = segment_rows(segments)
+        hd, eps = self.head_dim, self.eps
+        pos = ops.ids(positions)
+        h = ops.embed(self.token_embd, ops.ids(tokens))
+        ops.scale_(h, self.embd_scale)
         for il, L in enumerate(self.layers):
             check_cancel(cancel)
-            x = hk.rms_norm(h, L.attn_norm, eps)
-            q, k, v = hk.matmul_many([L.wq, L.wk, L.wv], x, cancel)
-            q = hk.rms_norm(q.reshape(-1, hd), L.q_norm, eps).reshape(rows, -1)
-            k = hk.rms_norm(k.reshape(-1, hd), L.k_norm, eps).reshape(rows, -1)
-            hk.rope(q, self.n_head, pos, hd, L.rope_base, L.rope_scale, True)
-            hk.rope(k, self.n_kv, pos, hd, L.rope_base, L.rope_scale, True)
-            q *= self.q_scale
-            a = attend(
-                segments,
-                spans,
-                il,
-                q.reshape(rows, self.n_head, hd),
-                k.reshape(rows, self.n_kv, hd),
-                v.reshape(rows, self.n_kv, hd),
-                pos,
-                L.window,
-            )
-            h += hk.rms_norm(hk.matmul(L.wo, a), L.post_attn_norm, eps)
-            x = hk.rms_norm(h, L.ffn_norm, eps)
-            gate, up = hk.matmul_many([L.w_gate, L.w_up], x, cancel)
-            h += hk.rms_norm(hk.matmul(L.w_down, hk.geglu(gate, up)), L.post_ffn_norm, eps)
+            x = ops.rms_norm(h, L.attn_norm, eps)
+            q, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
+            q = ops.rope(ops.rms_norm(q, L.q_norm, eps), self.n_head, pos, hd, L.rope_base, L.rope_scale, True)
+            k = ops.rope(ops.rms_norm(k, L.k_norm, eps), self.n_kv, pos, hd, L.rope_base, L.rope_scale, True)
+            ops.scale_(q, self.q_scale)
+            a = attend(ops, segments, spans, il, q, k, v, pos, L.window)
+            ops.add_(h, ops.rms_norm(ops.matmul(L.wo, a), L.post_attn_norm, eps))
+            x = ops.rms_norm(h, L.ffn_norm, eps)
+            gate, up = ops.matmul_many([L.w_gate, L.w_up], x, cancel)
+            ops.add_(h, ops.rms_norm(ops.matmul(L.w_down, ops.geglu(gate, up)), L.post_ffn_norm, eps))
         advance(segments)
-        return output_logits(h, segments, spans, self.output_norm, self.output, eps, self.softcap)
+        return output_logits(ops, h, segments, spans, self.output_norm, self.output, eps, self.softcap)

@@ -19,35 +19,39 @@ from hyserve.model.architectures.base import (
     segment_rows,
 )
 from hyserve.model.architectures.common import advance, attend, output_logits
+from hyserve.model.backend import CPU, Backend
+from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
-from hyserve.model.memory import KVCache, SequenceMemory
+from hyserve.model.memory import SequenceMemory
 from hyserve.model.weights import WeightLoader
 
 
 @dataclass
 class _Layer:
-    attn_norm: np.ndarray
-    wq: hk.QMatrix
-    wk: hk.QMatrix
-    wv: hk.QMatrix
-    bias_qkv: tuple[np.ndarray, np.ndarray, np.ndarray] | None
-    q_norm: np.ndarray | None
-    k_norm: np.ndarray | None
-    wo: hk.QMatrix
-    ffn_norm: np.ndarray
-    w_gate: hk.QMatrix
-    w_up: hk.QMatrix
-    w_down: hk.QMatrix
+    attn_norm: Tensor
+    wq: Matrix
+    wk: Matrix
+    wv: Matrix
+    bias_qkv: tuple[Tensor, Tensor, Tensor] | None
+    q_norm: Tensor | None
+    k_norm: Tensor | None
+    wo: Matrix
+    ffn_norm: Tensor
+    w_gate: Matrix
+    w_up: Matrix
+    w_down: Matrix
 
 
 class Llama(Architecture):
     name = "llama"
     neox_rope: ClassVar[bool] = False
+    has_gpu_path = True
 
-    def __init__(self, gguf: GGUFFile) -> None:
+    def __init__(self, gguf: GGUFFile, ops: Backend = CPU) -> None:
         hp = HParams(gguf)
-        w = WeightLoader(gguf)
+        w = WeightLoader(gguf, ops)
+        self.ops = ops
         self.name = gguf.architecture
         self.n_embd = hp.int("embedding_length")
         self.n_layer = hp.int("block_count")
@@ -95,40 +99,32 @@ class Llama(Architecture):
             )
 
     def new_memory(self, n_ctx: int) -> SequenceMemory:
-        return SequenceMemory(n_ctx, {il: KVCache(n_ctx, self.n_kv, self.head_dim) for il in range(self.n_layer)})
+        kv = {il: self.ops.kv_cache(n_ctx, self.n_kv, self.head_dim) for il in range(self.n_layer)}
+        return SequenceMemory(n_ctx, kv)
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
-        tokens, pos, spans = segment_rows(segments)
-        rows, hd, eps = len(tokens), self.head_dim, self.eps
-        h = hk.get_rows(self.token_embd, tokens)
+        ops = self.ops
+        tokens, positions, spans = segment_rows(segments)
+        eps = self.eps
+        pos = ops.ids(positions)
+        h = ops.embed(self.token_embd, ops.ids(tokens))
         for il, L in enumerate(self.layers):
             check_cancel(cancel)
-            x = hk.rms_norm(h, L.attn_norm, eps)
-            q, k, v = hk.matmul_many([L.wq, L.wk, L.wv], x, cancel)
+            x = ops.rms_norm(h, L.attn_norm, eps)
+            q, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
             if L.bias_qkv is not None:
-                q, k, v = q + L.bias_qkv[0], k + L.bias_qkv[1], v + L.bias_qkv[2]
+                q, k, v = (ops.add_row(t, b) for t, b in zip((q, k, v), L.bias_qkv))
             if L.q_norm is not None and L.k_norm is not None:
-                q = hk.rms_norm(q.reshape(-1, hd), L.q_norm, eps).reshape(rows, -1)
-                k = hk.rms_norm(k.reshape(-1, hd), L.k_norm, eps).reshape(rows, -1)
-            q, k = np.ascontiguousarray(q), np.ascontiguousarray(k)
-            hk.rope(q, self.n_head, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
-            hk.rope(k, self.n_kv, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
-            a = attend(
-                segments,
-                spans,
-                il,
-                q.reshape(rows, self.n_head, hd),
-                k.reshape(rows, self.n_kv, hd),
-                np.ascontiguousarray(v).reshape(rows, self.n_kv, hd),
-                pos,
-                kq_scale=self.kq_scale,
-            )
-            h += hk.matmul(L.wo, a)
-            x = hk.rms_norm(h, L.ffn_norm, eps)
-            gate, up = hk.matmul_many([L.w_gate, L.w_up], x, cancel)
-            h += hk.matmul(L.w_down, hk.swiglu(gate, up))
+                q, k = ops.rms_norm(q, L.q_norm, eps), ops.rms_norm(k, L.k_norm, eps)
+            q = ops.rope(q, self.n_head, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
+            k = ops.rope(k, self.n_kv, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
+            a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=self.kq_scale)
+            ops.add_(h, ops.matmul(L.wo, a))
+            x = ops.rms_norm(h, L.ffn_norm, eps)
+            gate, up = ops.matmul_many([L.w_gate, L.w_up], x, cancel)
+            ops.add_(h, ops.matmul(L.w_down, ops.swiglu(gate, up)))
         advance(segments)
-        return output_logits(h, segments, spans, self.output_norm, self.output, eps)
+        return output_logits(ops, h, segments, spans, self.output_norm, self.output, eps)
 
 
 class Qwen(Llama):

@@ -112,4 +112,4 @@ class Mamba2(Architecture):
             h += self._mixer(layer, il, x, segments, spans, states, cancel)
         states.commit()
         advance(segments)
-        return output_logits(h, segments, spans, self.output_norm, self.output, self.eps)
+        return output_logits(self.ops, h, segments, spans, self.output_norm, self.output, self.eps)

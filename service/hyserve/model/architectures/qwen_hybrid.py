@@ -216,6 +216,7 @@ class QwenHybrid(Architecture):
         self._rope(q, self.n_head, pos)
         self._rope(k, self.n_kv, pos)
         a = attend(
+            self.ops,
             segments,
             spans,
             il,
@@ -289,4 +290,4 @@ class QwenHybrid(Architecture):
             h += layer.ffn(hk.rms_norm(h, layer.ffn_norm, self.eps), cancel)
         states.commit()
         advance(segments)
-        return output_logits(h, segments, spans, self.output_norm, self.output, self.eps)
+        return output_logits(self.ops, h, segments, spans, self.output_norm, self.output, self.eps)

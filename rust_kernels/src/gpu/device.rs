@@ -1,0 +1,395 @@
+//! Adapter selection, the device and its queue, pipelines, the buffer pool, the pending encoder.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+/// How to pick an adapter.
+#[derive(Clone, Debug, Default)]
+pub struct AdapterChoice {
+    /// "vulkan", "metal", "dx12" (None: all of them, Vulkan preferred)
+    pub backend: Option<String>,
+    /// a substring of the adapter's name that must match (case-insensitive)
+    pub name: Option<String>,
+    /// also accept software adapters (lavapipe, WARP)
+    pub allow_software: bool,
+    /// bind at most this many bytes of a tensor at once (tests use it to split small tensors)
+    pub max_binding: Option<u64>,
+}
+
+/// Access of one binding of a kernel, in binding order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    ReadWrite,
+    Uniform,
+}
+
+/// A compute kernel: a WGSL entry point, the library sources it needs, its bindings.
+pub struct Kernel {
+    pub name: &'static str,
+    pub sources: &'static [&'static str],
+    pub entry: &'static str,
+    /// (binding number, access)
+    pub bindings: &'static [(u32, Access)],
+}
+
+/// Pipelines by kernel name and override constants.
+type PipelineCache = HashMap<(&'static str, Vec<(&'static str, u32)>), Arc<Pipeline>>;
+
+struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// A device buffer from the pool; it goes back to the pool when dropped. Work already recorded
+/// that reads it still runs in order before any later reuse (wgpu orders dispatches).
+pub struct GpuBuffer {
+    buffer: Option<wgpu::Buffer>,
+    pool: Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>,
+    pub bytes: u64,
+}
+
+impl GpuBuffer {
+    pub fn raw(&self) -> &wgpu::Buffer {
+        self.buffer.as_ref().expect("live buffer")
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if let Some(b) = self.buffer.take() {
+            if let Ok(mut pool) = self.pool.lock() {
+                pool.entry(b.size()).or_default().push(b);
+            }
+        }
+    }
+}
+
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    binding_limit: u64,
+    pipelines: Mutex<PipelineCache>,
+    pending: Mutex<Option<wgpu::CommandEncoder>>,
+    pool: Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>,
+    /// bound where a kernel declares a binding that an operation does not use
+    pub dummy: wgpu::Buffer,
+}
+
+fn backends(name: Option<&str>) -> Result<wgpu::Backends, String> {
+    Ok(match name.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("") | Some("auto") => wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+        Some("vulkan") => wgpu::Backends::VULKAN,
+        Some("metal") => wgpu::Backends::METAL,
+        Some("dx12") => wgpu::Backends::DX12,
+        Some(other) => return Err(format!("unknown wgpu backend {other:?} (vulkan, metal, dx12)")),
+    })
+}
+
+fn describe(info: &wgpu::AdapterInfo) -> String {
+    format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
+}
+
+/// Higher is better: hardware before software, discrete before integrated, Vulkan first.
+fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let kind = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 4,
+        wgpu::DeviceType::IntegratedGpu => 3,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 1,
+        wgpu::DeviceType::Cpu => 0,
+    };
+    (kind, u8::from(info.backend == wgpu::Backend::Vulkan))
+}
+
+/// Every adapter wgpu finds on the given backends: (description, is software).
+pub fn list_adapters(backend: Option<&str>) -> Result<Vec<(String, bool)>, String> {
+    let instance = new_instance(backends(backend)?);
+    let adapters = pollster::block_on(instance.enumerate_adapters(backends(backend)?));
+    Ok(adapters
+        .iter()
+        .map(|a| {
+            let info = a.get_info();
+            (describe(&info), info.device_type == wgpu::DeviceType::Cpu)
+        })
+        .collect())
+}
+
+fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    wgpu::Instance::new(desc)
+}
+
+impl Gpu {
+    /// Opens the best adapter that fits `choice`, or says what was found.
+    pub fn open(choice: &AdapterChoice) -> Result<Gpu, String> {
+        let wanted = backends(choice.backend.as_deref())?;
+        let instance = new_instance(wanted);
+        let adapters = pollster::block_on(instance.enumerate_adapters(wanted));
+        let found: Vec<String> = adapters.iter().map(|a| describe(&a.get_info())).collect();
+        let name = choice.name.as_ref().map(|n| n.to_ascii_lowercase());
+        let best = adapters
+            .into_iter()
+            .filter(|a| {
+                let info = a.get_info();
+                (choice.allow_software || info.device_type != wgpu::DeviceType::Cpu)
+                    && name.as_ref().is_none_or(|n| info.name.to_ascii_lowercase().contains(n))
+            })
+            .max_by_key(|a| rank(&a.get_info()));
+        let Some(adapter) = best else {
+            let seen = if found.is_empty() { "none".to_string() } else { found.join("; ") };
+            let soft = if choice.allow_software { "" } else { " (software adapters excluded)" };
+            return Err(format!("no GPU adapter fits{soft}; adapters found: {seen}"));
+        };
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("hyserve"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| format!("{}: cannot open the device: {e}", describe(&info)))?;
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dummy"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let adapter_limit = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            binding_limit: choice.max_binding.map_or(adapter_limit, |m| m.clamp(256, adapter_limit)),
+            limits,
+            pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(None),
+            pool: Arc::new(Mutex::new(HashMap::new())),
+            dummy,
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        describe(&self.info)
+    }
+
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+
+    /// The largest buffer one binding may see.
+    pub fn max_binding(&self) -> u64 {
+        self.binding_limit
+    }
+
+    fn pipeline(&self, k: &Kernel, constants: &[(&'static str, u32)]) -> Arc<Pipeline> {
+        let key = (k.name, constants.to_vec());
+        let mut cache = self.pipelines.lock().unwrap();
+        if let Some(p) = cache.get(&key) {
+            return p.clone();
+        }
+        let source: String = k.sources.concat();
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(k.name),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = k
+            .bindings
+            .iter()
+            .map(|&(binding, access)| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match access {
+                        Access::Uniform => wgpu::BufferBindingType::Uniform,
+                        Access::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                        Access::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(k.name),
+            entries: &entries,
+        });
+        let pipeline_layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(k.name),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let consts: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(k.name),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some(k.entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &consts,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        let p = Arc::new(Pipeline { pipeline, layout });
+        cache.insert(key, p.clone());
+        p
+    }
+
+    /// Records one dispatch of `k` into the pending encoder. `buffers` follow the kernel's storage
+    /// bindings in order; `params` fills its uniform binding.
+    pub fn dispatch(
+        &self,
+        k: &Kernel,
+        constants: &[(&'static str, u32)],
+        buffers: &[&wgpu::Buffer],
+        params: &[u8],
+        groups: [u32; 3],
+    ) {
+        if groups.contains(&0) {
+            return;
+        }
+        let p = self.pipeline(k, constants);
+        let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("params"),
+            contents: params,
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let mut storage = buffers.iter();
+        let entries: Vec<wgpu::BindGroupEntry> = k
+            .bindings
+            .iter()
+            .map(|&(binding, access)| wgpu::BindGroupEntry {
+                binding,
+                resource: match access {
+                    Access::Uniform => uniform.as_entire_binding(),
+                    _ => storage.next().expect("a buffer for every storage binding").as_entire_binding(),
+                },
+            })
+            .collect();
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(k.name),
+            layout: &p.layout,
+            entries: &entries,
+        });
+        let mut pending = self.pending.lock().unwrap();
+        let encoder = pending.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") })
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(k.name),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&p.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+
+    /// A pooled device buffer of at least `bytes` (sizes round up to powers of two, so a few
+    /// sizes serve every shape). Its contents are undefined.
+    pub fn alloc(&self, bytes: u64) -> GpuBuffer {
+        let size = bytes.max(16).next_power_of_two();
+        let reused = self.pool.lock().unwrap().get_mut(&size).and_then(Vec::pop);
+        let buffer = reused.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tensor"),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        GpuBuffer {
+            buffer: Some(buffer),
+            pool: self.pool.clone(),
+            bytes,
+        }
+    }
+
+    /// A new buffer holding `data` (never a pooled one: work already recorded may still read those).
+    pub fn upload(&self, data: &[u8]) -> GpuBuffer {
+        let mut padded = data.to_vec();
+        padded.resize(data.len().max(16).next_multiple_of(4), 0);
+        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("upload"),
+            contents: &padded,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        });
+        GpuBuffer {
+            buffer: Some(buffer),
+            pool: self.pool.clone(),
+            bytes: data.len() as u64,
+        }
+    }
+
+    /// Writes host bytes into a live buffer at `offset`, after all work recorded so far.
+    pub fn write(&self, dst: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        self.flush();
+        let mut padded = data.to_vec();
+        padded.resize(data.len().next_multiple_of(4), 0);
+        self.queue.write_buffer(dst, offset, &padded);
+    }
+
+    /// Records a device-to-device copy (sizes and offsets multiples of 4).
+    pub fn copy(&self, src: &wgpu::Buffer, src_offset: u64, dst: &wgpu::Buffer, dst_offset: u64, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let mut pending = self.pending.lock().unwrap();
+        let encoder = pending.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("copy") })
+        });
+        encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
+    }
+
+    /// Submits everything recorded so far.
+    pub fn flush(&self) {
+        if let Some(encoder) = self.pending.lock().unwrap().take() {
+            self.queue.submit([encoder.finish()]);
+        }
+    }
+
+    /// Drops the recorded work unrun (a cancelled or failed forward call).
+    pub fn discard(&self) {
+        self.pending.lock().unwrap().take();
+    }
+
+    /// Runs everything recorded and reads `bytes` of `src` from `offset` back to the host.
+    pub fn read(&self, src: &wgpu::Buffer, offset: u64, bytes: u64) -> Vec<u8> {
+        if bytes == 0 {
+            self.flush();
+            return Vec::new();
+        }
+        let size = bytes.next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read-back"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.copy(src, offset, &staging, 0, size);
+        self.flush();
+        let slice = staging.slice(..);
+        slice.map_async(wgpu::MapMode::Read, |r| r.expect("map read-back buffer"));
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .expect("device poll");
+        let data = slice.get_mapped_range().expect("mapped read-back range")[..bytes as usize].to_vec();
+        staging.unmap();
+        data
+    }
+}

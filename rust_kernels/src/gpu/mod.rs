@@ -1,0 +1,19 @@
+//! The GPU path: the model's operations as WGSL compute shaders (`shaders/`, one file per op
+//! family) run through wgpu on Vulkan, Metal or DX12.
+//!
+//! - `device`: adapter choice, the device, pipelines built once, pooled buffers, the one pending
+//!   command encoder that a forward call records into, uploads and read-backs.
+//! - `weights`: GGUF tensors uploaded once in their block formats, split across bindings.
+//! - `ops`: one function per operation; each records a dispatch and returns at once.
+//!
+//! Work is recorded, not run: a forward call's dispatches go into one command encoder that is
+//! submitted when a result is read back (`Gpu::read`), or dropped unrun (`Gpu::discard`).
+//! Every kernel reduces in a fixed order with no float atomics, so results are deterministic and a
+//! row's result does not depend on the other rows of its batch.
+
+pub mod device;
+pub mod ops;
+pub mod weights;
+
+pub use device::{AdapterChoice, Gpu, GpuBuffer};
+pub use weights::GpuWeight;

@@ -1,0 +1,368 @@
+//! One function per operation: each records its dispatches into the pending encoder and returns.
+//! Tensors are f32 (or i32 ids/positions) in row-major order; shapes are checked by the callers.
+
+use bytemuck::{bytes_of, Pod, Zeroable};
+
+use super::device::{Access, Gpu, GpuBuffer, Kernel};
+use super::weights::GpuWeight;
+
+const QUANT: &str = include_str!("shaders/quant.wgsl");
+
+use Access::{Read, ReadWrite, Uniform};
+
+static QUANTIZE_ACT: Kernel = Kernel {
+    name: "quantize_act",
+    sources: &[include_str!("shaders/quantize_act.wgsl")],
+    entry: "main",
+    bindings: &[(0, Read), (1, ReadWrite), (2, ReadWrite), (3, ReadWrite), (4, ReadWrite), (5, Uniform)],
+};
+static MATMUL: Kernel = Kernel {
+    name: "matmul",
+    sources: &[QUANT, include_str!("shaders/matmul.wgsl")],
+    entry: "main",
+    bindings: &[(0, Read), (1, Read), (2, Read), (3, Read), (4, Read), (5, ReadWrite), (6, Uniform)],
+};
+static GET_ROWS: Kernel = Kernel {
+    name: "get_rows",
+    sources: &[QUANT, include_str!("shaders/get_rows.wgsl")],
+    entry: "main",
+    bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
+};
+static RMS_NORM: Kernel = Kernel {
+    name: "rms_norm",
+    sources: &[include_str!("shaders/norm.wgsl")],
+    entry: "main",
+    bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
+};
+const MATH: &str = include_str!("shaders/math.wgsl");
+static ROPE: Kernel = Kernel {
+    name: "rope",
+    sources: &[include_str!("shaders/rope.wgsl")],
+    entry: "main",
+    bindings: &[(0, ReadWrite), (1, Read), (2, Uniform)],
+};
+static ELEMENTWISE: Kernel = Kernel {
+    name: "elementwise",
+    sources: &[MATH, include_str!("shaders/elementwise.wgsl")],
+    entry: "main",
+    bindings: &[(0, ReadWrite), (1, Read), (2, Read), (3, Uniform)],
+};
+static COPY: Kernel = Kernel {
+    name: "copy",
+    sources: &[include_str!("shaders/copy.wgsl")],
+    entry: "main",
+    bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
+};
+const ATTENTION: &str = include_str!("shaders/attention.wgsl");
+static KV_STORE: Kernel = Kernel {
+    name: "kv_store",
+    sources: &[MATH, ATTENTION],
+    entry: "store",
+    bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, ReadWrite), (6, Uniform)],
+};
+static ATTEND: Kernel = Kernel {
+    name: "attend",
+    sources: &[MATH, ATTENTION],
+    entry: "attend",
+    bindings: &[
+        (0, Read),
+        (2, ReadWrite),
+        (3, ReadWrite),
+        (4, ReadWrite),
+        (5, ReadWrite),
+        (6, Uniform),
+        (7, Read),
+        (8, ReadWrite),
+    ],
+};
+
+const MAX_GROUPS: u32 = 65535;
+
+/// Workgroups for `n` invocations of 64: (x, y) with x * y * 64 >= n, x within the dispatch limit.
+fn groups_1d(n: usize) -> (u32, u32) {
+    let g = n.div_ceil(64) as u32;
+    let x = g.clamp(1, MAX_GROUPS);
+    (x, g.div_ceil(x))
+}
+
+/// Workgroups for `n` items of one workgroup each, wrapped onto y.
+fn groups_wrapped(n: usize) -> (u32, u32) {
+    let x = (n as u32).clamp(1, MAX_GROUPS);
+    (x, (n as u32).div_ceil(x))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params8 {
+    v: [u32; 8],
+}
+
+fn params8(v: [u32; 8]) -> Params8 {
+    Params8 { v }
+}
+
+/// How a weight format's dot product takes its activations (quantize_act.wgsl's ACT), as the CPU
+/// kernels do: f32, f16- or bf16-rounded, Q8_0, Q8_1 or Q8_K.
+pub fn act_kind(ggml_type: u32) -> u32 {
+    match ggml_type {
+        0 => 0,
+        1 => 1,
+        30 => 2,
+        3 | 7 => 4,
+        12..=14 => 5,
+        _ => 3,
+    }
+}
+
+/// Activations quantized for one act kind: quants, per-sub-block scales and sums.
+pub struct QuantizedAct {
+    pub kind: u32,
+    pub n: usize,
+    pub cols: usize,
+    xq: GpuBuffer,
+    xd: GpuBuffer,
+    xs: GpuBuffer,
+    xh: GpuBuffer,
+}
+
+/// Quantizes `x` (n × cols) for weights whose act kind is `kind`.
+pub fn quantize_act(gpu: &Gpu, x: &GpuBuffer, n: usize, cols: usize, kind: u32) -> QuantizedAct {
+    let n_sub = cols.div_ceil(32);
+    let per = if kind == 5 { 8 } else { 1 };
+    let (gx, gy) = groups_1d(n * n_sub.div_ceil(per));
+    let q = QuantizedAct {
+        kind,
+        n,
+        cols,
+        xq: gpu.alloc((n * n_sub * 32 * 4) as u64),
+        xd: gpu.alloc((n * n_sub * 4) as u64),
+        xs: gpu.alloc((n * n_sub * 4) as u64),
+        xh: gpu.alloc((n * n_sub * 4) as u64),
+    };
+    let p = [n as u32, cols as u32, n_sub as u32, gx];
+    gpu.dispatch(
+        &QUANTIZE_ACT,
+        &[("ACT", kind)],
+        &[x.raw(), q.xq.raw(), q.xd.raw(), q.xs.raw(), q.xh.raw()],
+        bytes_of(&p),
+        [gx, gy, 1],
+    );
+    q
+}
+
+/// The quantized activations (n × cols) times the weight's rows: n × rows.
+pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
+    debug_assert_eq!(x.kind, act_kind(w.ggml_type));
+    let n = x.n;
+    let out = gpu.alloc((n * w.rows * 4) as u64);
+    for (buf, row0, rows) in &w.chunks {
+        // eight threads (the CPU's eight float lanes) per weight row, eight rows per workgroup
+        let (gx, gy) = groups_wrapped(rows.div_ceil(8));
+        let p = params8([
+            *rows as u32,
+            w.cols as u32,
+            w.row_bytes as u32,
+            n as u32,
+            *row0 as u32,
+            w.rows as u32,
+            gx,
+            w.cols.div_ceil(32) as u32,
+        ]);
+        gpu.dispatch(
+            &MATMUL,
+            &[("FMT", w.ggml_type)],
+            &[buf.raw(), x.xq.raw(), x.xd.raw(), x.xs.raw(), x.xh.raw(), out.raw()],
+            bytes_of(&p),
+            [gx, gy, n.div_ceil(8) as u32],
+        );
+    }
+    out
+}
+
+/// Rows `ids` (n i32 values) of the weight, dequantized: n × cols.
+pub fn get_rows(gpu: &Gpu, w: &GpuWeight, ids: &GpuBuffer, n: usize) -> GpuBuffer {
+    let out = gpu.alloc((n * w.cols * 4) as u64);
+    let sub_groups = w.cols.div_ceil(32).div_ceil(64) as u32;
+    let (gy, gz) = ((n as u32).clamp(1, MAX_GROUPS), (n as u32).div_ceil(MAX_GROUPS));
+    for (buf, row0, rows) in &w.chunks {
+        let p = params8([*rows as u32, w.cols as u32, w.row_bytes as u32, n as u32, *row0 as u32, 0, 0, 0]);
+        gpu.dispatch(
+            &GET_ROWS,
+            &[("FMT", w.ggml_type)],
+            &[buf.raw(), ids.raw(), out.raw()],
+            bytes_of(&p),
+            [sub_groups, gy, gz],
+        );
+    }
+    out
+}
+
+/// RMSNorm of `rows` rows of `n` elements, times `weight` (length n) when given.
+pub fn rms_norm(gpu: &Gpu, x: &GpuBuffer, rows: usize, n: usize, weight: Option<&GpuBuffer>, eps: f32) -> GpuBuffer {
+    let out = gpu.alloc((rows * n * 4) as u64);
+    let (gx, gy) = groups_wrapped(rows);
+    let p = params8([n as u32, rows as u32, eps.to_bits(), u32::from(weight.is_some()), gx, 0, 0, 0]);
+    let w = weight.map_or(&gpu.dummy, GpuBuffer::raw);
+    gpu.dispatch(&RMS_NORM, &[], &[x.raw(), w, out.raw()], bytes_of(&p), [gx, gy, 1]);
+    out
+}
+
+/// Rotary embedding settings (see rope.wgsl).
+pub struct Rope {
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub base: f32,
+    pub freq_scale: f32,
+    pub neox: bool,
+}
+
+/// RoPE in place on `rows` rows of n_head × head_dim; `positions` holds one i32 per row.
+pub fn rope(gpu: &Gpu, x: &GpuBuffer, rows: usize, positions: &GpuBuffer, r: &Rope) {
+    let total = rows * r.n_head * (r.n_rot / 2);
+    let (gx, gy) = groups_1d(total);
+    let p = params8([
+        r.n_head as u32,
+        r.head_dim as u32,
+        r.n_rot as u32,
+        u32::from(r.neox),
+        // the CPU's theta_scale: powf in f32 on the host
+        r.base.powf(-2.0 / r.n_rot as f32).to_bits(),
+        r.freq_scale.to_bits(),
+        total as u32,
+        gx,
+    ]);
+    gpu.dispatch(&ROPE, &[], &[x.raw(), positions.raw()], bytes_of(&p), [gx, gy, 1]);
+}
+
+/// The element-wise operations of elementwise.wgsl.
+#[derive(Clone, Copy, Debug)]
+pub enum Elementwise {
+    Add = 0,
+    Mul = 1,
+    Scale = 2,
+    AddRow = 3,
+    Geglu = 4,
+    Swiglu = 5,
+    Softcap = 6,
+    Silu = 7,
+}
+
+#[allow(clippy::too_many_arguments)]
+/// `dst[i] = op(...)` for i < n; `m` is the row length of AddRow, `s` the scalar of Scale/Softcap.
+pub fn elementwise(
+    gpu: &Gpu,
+    op: Elementwise,
+    dst: &GpuBuffer,
+    a: Option<&GpuBuffer>,
+    b: Option<&GpuBuffer>,
+    n: usize,
+    m: usize,
+    s: f32,
+) {
+    let (gx, gy) = groups_1d(n);
+    let p = [n as u32, m as u32, s.to_bits(), gx];
+    let (a, b) = (a.map_or(&gpu.dummy, GpuBuffer::raw), b.map_or(&gpu.dummy, GpuBuffer::raw));
+    gpu.dispatch(&ELEMENTWISE, &[("OP", op as u32)], &[dst.raw(), a, b], bytes_of(&p), [gx, gy, 1]);
+}
+
+/// Where `copy` reads and writes: rows `ids` (or 0..rows) of `src`, columns src_col0.., into
+/// columns dst_col0.. of `dst`.
+pub struct CopySpec {
+    pub rows: usize,
+    pub cols: usize,
+    pub src_stride: usize,
+    pub src_col0: usize,
+    pub dst_stride: usize,
+    pub dst_col0: usize,
+}
+
+pub fn copy(gpu: &Gpu, src: &GpuBuffer, ids: Option<&GpuBuffer>, dst: &GpuBuffer, c: &CopySpec) {
+    let (gx, gy) = groups_1d(c.rows * c.cols);
+    let p = params8([
+        c.rows as u32,
+        c.cols as u32,
+        c.src_stride as u32,
+        c.src_col0 as u32,
+        c.dst_stride as u32,
+        c.dst_col0 as u32,
+        u32::from(ids.is_some()),
+        gx,
+    ]);
+    let ids = ids.map_or(&gpu.dummy, GpuBuffer::raw);
+    gpu.dispatch(&COPY, &[], &[src.raw(), ids, dst.raw()], bytes_of(&p), [gx, gy, 1]);
+}
+
+/// One attention call: a sequence's rows row0..row0+n_rows of the batch.
+pub struct AttentionSpec {
+    pub n_rows: usize,
+    pub row0: usize,
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub window: usize,
+    /// cache position of the first new row
+    pub start: usize,
+    pub kq_scale: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AttentionParams {
+    v: [u32; 12],
+}
+
+fn attention_params(a: &AttentionSpec, row0: usize, n_rows: usize, n_ctx: usize) -> AttentionParams {
+    AttentionParams {
+        v: [
+            n_rows as u32,
+            row0 as u32,
+            a.n_head as u32,
+            a.n_kv as u32,
+            a.head_dim as u32,
+            a.window as u32,
+            a.start as u32,
+            n_ctx as u32,
+            a.kq_scale.to_bits(),
+            0,
+            0,
+            0,
+        ],
+    }
+}
+
+/// Stores the new K/V rows in the cache (f16 pairs) at positions start.., then attends the
+/// query rows over the cache, writing rows row0.. of `out` (rows × n_head·head_dim).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    q: &GpuBuffer,
+    k: &GpuBuffer,
+    v: &GpuBuffer,
+    positions: &GpuBuffer,
+    kc: &GpuBuffer,
+    vc: &GpuBuffer,
+    out: &GpuBuffer,
+    a: &AttentionSpec,
+) {
+    let n_keys = a.start + a.n_rows;
+    let (gx, gy) = groups_1d(a.n_rows * a.n_kv * a.head_dim / 2);
+    let p = attention_params(a, a.row0, a.n_rows, n_keys);
+    gpu.dispatch(&KV_STORE, &[], &[k.raw(), v.raw(), kc.raw(), vc.raw()], bytes_of(&p), [gx, gy, 1]);
+    // scores live in a scratch buffer of rows x heads x keys: split the rows so it fits a binding
+    let per_row = (a.n_head * n_keys * 4) as u64;
+    let block = ((gpu.max_binding() / per_row) as usize).clamp(1, a.n_rows.max(1));
+    for first in (0..a.n_rows).step_by(block) {
+        let rows = block.min(a.n_rows - first);
+        let p = attention_params(a, a.row0 + first, rows, n_keys);
+        let scratch = gpu.alloc(rows as u64 * per_row);
+        let group_sums = gpu.alloc((rows * a.n_head * (n_keys / 8 + 1) * 4) as u64);
+        gpu.dispatch(
+            &ATTEND,
+            &[],
+            &[q.raw(), kc.raw(), vc.raw(), out.raw(), scratch.raw(), positions.raw(), group_sums.raw()],
+            bytes_of(&p),
+            [rows as u32, a.n_head as u32, 1],
+        );
+    }
+}

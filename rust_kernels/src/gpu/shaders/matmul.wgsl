@@ -1,0 +1,166 @@
+// y[b, row0 + r] = x[b, :] · W[r, :] for the weight rows of one binding (a large tensor is split over
+// several bindings, each dispatched with its first output column `row0`).
+//
+// The CPU kernels' operation order (rust_kernels/src/quant, itself llama.cpp's AVX2 order), so that
+// quantized formats give the CPU's bits: the activations come quantized as the format's dot product
+// takes them (quantize_act.wgsl); eight threads share a weight row, thread k being the CPU's float
+// lane k. Per block (32 weights; 256 for K-quants) lane k holds the exact integer sum of the
+// products of elements 4k..4k+3 of each 32 (times their sub-block scales), and adds it times the
+// block's scale into its float accumulator with one fused multiply-add, block after block. The
+// eight lanes are joined by ggml's hsum8, plus the min terms of Q4_1/Q5_1/Q4_K/Q5_K in the CPU's
+// order. Float formats (F32/F16/BF16) use the same lanes, while the CPU sums those in f64: close,
+// not identical. A workgroup covers 8 weight rows x TILE activation rows, so each weight block is
+// read once for the tile; a result never depends on the other rows of the batch.
+// Needs quant.wgsl (binding 0 = the weight bytes).
+
+override FMT: u32 = 0u;
+const TILE: u32 = 8u;
+
+struct Params {
+    rows: u32,       // weight rows in this binding
+    cols: u32,       // row length (elements)
+    row_bytes: u32,  // bytes per weight row
+    n_act: u32,      // activation rows
+    row0: u32,       // output column of this binding's first row
+    out_cols: u32,   // output row length (all rows of the weight)
+    groups_x: u32,   // workgroups along x (row blocks wrap onto y past the dispatch limit)
+    n_sub: u32,      // sub-blocks of 32 per row
+}
+
+@group(0) @binding(1) var<storage, read> xq: array<vec4<f32>>;  // 8 vec4 per sub-block
+@group(0) @binding(2) var<storage, read> xd: array<f32>;
+@group(0) @binding(3) var<storage, read> xs: array<f32>;
+@group(0) @binding(4) var<storage, read> xh: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+var<workgroup> lanes_acc: array<f32, 512>;  // TILE x 64 threads
+var<workgroup> lanes_min: array<f32, 512>;
+
+fn is_float(fmt: u32) -> bool {
+    return fmt == T_F32 || fmt == T_F16 || fmt == T_BF16;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let k = lid % 8u;
+    let r = (wg.x + wg.y * p.groups_x) * 8u + lid / 8u;
+    let b0 = wg.z * TILE;
+    var acc: array<f32, 8>;
+    var mins: array<f32, 8>;
+    for (var b = 0u; b < TILE; b++) {
+        acc[b] = 0.0;
+        mins[b] = 0.0;
+    }
+    let n_b = min(TILE, p.n_act - b0);
+    if r < p.rows {
+        let row = r * p.row_bytes;
+        if is_float(FMT) {
+            for (var c = 0u; c < p.n_sub; c++) {
+                let wv = quad_f(FMT, row, 32u * c + 4u * k, p.cols);
+                for (var b = 0u; b < TILE; b++) {
+                    if b < n_b {
+                        let xv = xq[8u * ((b0 + b) * p.n_sub + c) + k];
+                        var a = acc[b];
+                        a = fma(wv.x, xv.x, a);
+                        a = fma(wv.y, xv.y, a);
+                        a = fma(wv.z, xv.z, a);
+                        acc[b] = fma(wv.w, xv.w, a);
+                    }
+                }
+            }
+        } else if FMT == T_Q4_K || FMT == T_Q5_K || FMT == T_Q6_K {
+            let size = select(select(144u, 176u, FMT == T_Q5_K), 210u, FMT == T_Q6_K);
+            for (var sb = 0u; sb < p.n_sub / 8u; sb++) {
+                let blk = row + size * sb;
+                var qs: array<vec4<i32>, 8>;
+                var sc: array<i32, 8>;  // Q4_K/Q5_K: the sub-block scales; Q6_K: lane k's scale per chunk
+                var m: array<i32, 8>;
+                for (var c = 0u; c < 8u; c++) {
+                    qs[c] = quad_q(FMT, row, 256u * sb + 32u * c + 4u * k);
+                    if FMT == T_Q6_K {
+                        sc[c] = i32(i8_at(blk + 192u + 2u * c + k / 4u));
+                    } else {
+                        let sm = scale_min_k4(blk + 4u, c);
+                        sc[c] = i32(sm.x);
+                        m[c] = i32(sm.y);
+                    }
+                }
+                var dw = f16_at(blk);
+                if FMT == T_Q6_K {
+                    dw = f16_at(blk + 208u);
+                }
+                for (var b = 0u; b < TILE; b++) {
+                    if b < n_b {
+                        let a0 = (b0 + b) * p.n_sub + 8u * sb;  // the super-block's first sub-block
+                        var lane = 0;
+                        if FMT == T_Q6_K {
+                            let own = a0 + k;  // 16-sums 2k, 2k+1 are sub-block k's halves
+                            let s0 = i32(i8_at(blk + 192u + 2u * k));
+                            let s1 = i32(i8_at(blk + 192u + 2u * k + 1u));
+                            lane = -32 * (i32(xs[own]) * s0 + i32(xh[own]) * s1);
+                        }
+                        for (var c = 0u; c < 8u; c++) {
+                            lane += sc[c] * dot(qs[c], vec4<i32>(xq[8u * (a0 + c) + k]));
+                        }
+                        let yd = xd[a0];
+                        acc[b] = fma(dw * yd, f32(lane), acc[b]);
+                        if FMT != T_Q6_K {
+                            // mins: lane l < 4 holds sub-blocks 2l, 2l+1 (Q4_K); Q5_K sums all in lane 0
+                            let dmin = -yd * f16_at(blk + 2u);
+                            var prod: array<i32, 4>;
+                            for (var l = 0u; l < 4u; l++) {
+                                let j = 2u * l;
+                                prod[l] = m[j] * (i32(xs[a0 + j]) + i32(xh[a0 + j]))
+                                    + m[j + 1u] * (i32(xs[a0 + j + 1u]) + i32(xh[a0 + j + 1u]));
+                            }
+                            if FMT == T_Q4_K && k < 4u {
+                                mins[b] = fma(dmin, f32(prod[k]), mins[b]);
+                            } else if FMT == T_Q5_K && k == 0u {
+                                mins[b] = fma(dmin, f32((prod[0] + prod[1]) + (prod[2] + prod[3])), mins[b]);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            // legacy 32-blocks: Q4_0, Q5_0, Q8_0 against Q8_0; Q4_1, Q5_1 against Q8_1 (+ m * s)
+            let size = select(select(select(18u, 20u, FMT == T_Q4_1), select(22u, 24u, FMT == T_Q5_1), FMT >= T_Q5_0), 34u, FMT == T_Q8_0);
+            let with_min = FMT == T_Q4_1 || FMT == T_Q5_1;
+            for (var c = 0u; c < p.n_sub; c++) {
+                let blk = row + size * c;
+                let q = quad_q(FMT, row, 32u * c + 4u * k);
+                let dw = f16_at(blk);
+                let mw = f16_at(blk + 2u);
+                for (var b = 0u; b < TILE; b++) {
+                    if b < n_b {
+                        let a = (b0 + b) * p.n_sub + c;
+                        acc[b] = fma(dw * xd[a], f32(dot(q, vec4<i32>(xq[8u * a + k]))), acc[b]);
+                        if with_min && k == 0u {
+                            mins[b] += mw * xs[a];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (var b = 0u; b < TILE; b++) {
+        lanes_acc[b * 64u + lid] = acc[b];
+        lanes_min[b * 64u + lid] = mins[b];
+    }
+    workgroupBarrier();
+    if k == 0u && r < p.rows {
+        for (var b = 0u; b < TILE; b++) {
+            if b < n_b {
+                let o = b * 64u + lid;  // lane 0 of this row; lanes o+1 .. o+7
+                let sum = ((lanes_acc[o] + lanes_acc[o + 4u]) + (lanes_acc[o + 2u] + lanes_acc[o + 6u]))
+                    + ((lanes_acc[o + 1u] + lanes_acc[o + 5u]) + (lanes_acc[o + 3u] + lanes_acc[o + 7u]));
+                var mn = lanes_min[o];
+                if FMT == T_Q4_K {
+                    mn = (lanes_min[o] + lanes_min[o + 2u]) + (lanes_min[o + 1u] + lanes_min[o + 3u]);
+                }
+                y[(b0 + b) * p.out_cols + p.row0 + r] = sum + mn;
+            }
+        }
+    }
+}

@@ -1,0 +1,85 @@
+"""The operations an architecture's forward pass uses, as one interface over every device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import hyserve_kernels as hk
+import numpy as np
+
+# A tensor of the backend's device: a numpy array on the CPU, an `hk.GpuTensor` on the GPU. Both
+# have `.shape` and `.reshape(*shape)`.
+Tensor = Any
+# A weight matrix: `hk.QMatrix` (CPU) or `hk.GpuMatrix` (GPU); both have `.rows` and `.cols`.
+Matrix = Any
+
+
+class Backend(Protocol):
+    """Operations are recorded or run in call order; `to_host` returns a result to numpy. Each
+    output row depends only on its own input row (batch invariance), on every device."""
+
+    name: str  # "cpu" or "gpu"
+    description: str  # the device, for logs and ModelInfo
+
+    # -- weights and memory, at load time
+    def matrix(self, m: hk.QMatrix) -> Matrix: ...
+    def vector(self, v: np.ndarray) -> Tensor: ...
+    def kv_cache(self, n_ctx: int, n_kv: int, head_dim: int) -> Any: ...
+
+    # -- one forward call
+    def ids(self, a: np.ndarray) -> Tensor:
+        """Token ids or positions (int32) where the kernels read them."""
+        ...
+
+    def embed(self, m: Matrix, tokens: Tensor) -> Tensor: ...
+    def matmul(self, w: Matrix, x: Tensor, cancel: hk.CancelFlag | None = None) -> Tensor: ...
+    def matmul_many(self, ws: Sequence[Matrix], x: Tensor, cancel: hk.CancelFlag | None = None) -> list[Tensor]: ...
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """RMSNorm over consecutive groups of len(weight) values (rows, or heads within rows)."""
+        ...
+
+    def rope(
+        self, x: Tensor, n_head: int, positions: Tensor, n_rot: int, base: float, scale: float, neox: bool
+    ) -> Tensor:
+        """x (rows x n_head*head_dim) rotated; may work in place and return x."""
+        ...
+
+    def add_(self, dst: Tensor, a: Tensor) -> None: ...
+    def scale_(self, dst: Tensor, s: float | np.float32) -> None: ...
+    def add_row(self, x: Tensor, bias: Tensor) -> Tensor:
+        """x + bias for every row (a new tensor)."""
+        ...
+
+    def geglu(self, gate: Tensor, up: Tensor) -> Tensor: ...
+    def swiglu(self, gate: Tensor, up: Tensor) -> Tensor: ...
+    def softcap(self, x: Tensor, cap: float) -> Tensor: ...
+    def empty(self, shape: tuple[int, ...]) -> Tensor: ...
+    def take_rows(self, x: Tensor, rows: np.ndarray) -> Tensor: ...
+
+    def attention(
+        self,
+        cache: Any,
+        start: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        rows: slice,
+        positions: Tensor,
+        window: int,
+        kq_scale: float,
+        out: Tensor,
+    ) -> None:
+        """Append rows `rows` of k, v (rows x n_kv*head_dim) to `cache` at position `start`,
+        attend the same rows of q (rows x n_head*head_dim) over it, write them into `out`
+        (rows x n_head*head_dim)."""
+        ...
+
+    def to_host(self, x: Tensor) -> np.ndarray: ...
+    def flush(self) -> None:
+        """Start the work a forward call recorded (it completed: nothing may drop it any more)."""
+        ...
+
+    def abort(self) -> None:
+        """Forget work recorded by a forward call that did not finish (a cancel or an error)."""
+        ...

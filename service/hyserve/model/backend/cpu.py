@@ -1,0 +1,112 @@
+"""The CPU backend: the SIMD kernels of `hyserve_kernels` on numpy arrays, exactly as llama.cpp's
+CPU path computes them (the kernels' bit-identity contract)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import hyserve_kernels as hk
+import numpy as np
+
+from hyserve.model.memory import KVCache
+
+
+class CpuBackend:
+    name = "cpu"
+
+    @property
+    def description(self) -> str:
+        return f"CPU ({hk.simd_path()}, {hk.num_threads()} threads)"
+
+    def matrix(self, m: hk.QMatrix) -> hk.QMatrix:
+        return m
+
+    def vector(self, v: np.ndarray) -> np.ndarray:
+        return v
+
+    def kv_cache(self, n_ctx: int, n_kv: int, head_dim: int) -> KVCache:
+        return KVCache(n_ctx, n_kv, head_dim)
+
+    def ids(self, a: np.ndarray) -> np.ndarray:
+        return a
+
+    def embed(self, m: hk.QMatrix, tokens: np.ndarray) -> np.ndarray:
+        return hk.get_rows(m, tokens)
+
+    def matmul(self, w: hk.QMatrix, x: np.ndarray, cancel: hk.CancelFlag | None = None) -> np.ndarray:
+        return hk.matmul(w, np.ascontiguousarray(x), cancel)
+
+    def matmul_many(
+        self, ws: Sequence[hk.QMatrix], x: np.ndarray, cancel: hk.CancelFlag | None = None
+    ) -> list[np.ndarray]:
+        return hk.matmul_many(list(ws), np.ascontiguousarray(x), cancel)
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        n = len(weight)
+        return hk.rms_norm(np.ascontiguousarray(x).reshape(-1, n), weight, eps).reshape(x.shape)
+
+    def rope(
+        self, x: np.ndarray, n_head: int, positions: np.ndarray, n_rot: int, base: float, scale: float, neox: bool
+    ) -> np.ndarray:
+        x = np.ascontiguousarray(x)
+        hk.rope(x, n_head, positions, n_rot, base, scale, neox)
+        return x
+
+    def add_(self, dst: np.ndarray, a: np.ndarray) -> None:
+        dst += a
+
+    def scale_(self, dst: np.ndarray, s: float | np.float32) -> None:
+        dst *= s
+
+    def add_row(self, x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        return x + bias
+
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return hk.geglu(gate, up)
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return hk.swiglu(gate, up)
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        return (cap * np.tanh(x / cap)).astype(np.float32)
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.empty(shape, dtype=np.float32)
+
+    def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x[rows])
+
+    def attention(
+        self,
+        cache: KVCache,
+        start: int,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        rows: slice,
+        positions: np.ndarray,
+        window: int,
+        kq_scale: float,
+        out: np.ndarray,
+    ) -> None:
+        end = start + (rows.stop - rows.start)
+        hd = cache.k.shape[2]
+        q, k, v = (t.reshape(len(t), -1, hd) for t in (q, k, v))
+        cache.write(start, k[rows], v[rows])
+        # a ring-buffer window cache hands over its keys from `base` on: positions shift with them
+        k_bits, v_bits, base = cache.attention_view(start, end, window)
+        pos = positions[rows] if base == 0 else positions[rows] - base
+        a = hk.attention(q[rows], k_bits, v_bits, pos, window, kq_scale)
+        out[rows] = a.reshape(rows.stop - rows.start, -1)
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def flush(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+CPU = CpuBackend()

@@ -1,0 +1,134 @@
+"""The GPU backend: the WGSL compute shaders of `hyserve_kernels` through wgpu. Weights are uploaded
+once in their GGUF block formats; KV caches live on the device; a forward call records its work
+into one command encoder, submitted when the logits are read back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import hyserve_kernels as hk
+import numpy as np
+
+
+class GpuKVCache:
+    """One attention layer's K/V cache on the device (f16, index == token position). Host copies
+    (the prefix store) go through `host_copy` / `write` like the CPU cache's."""
+
+    def __init__(self, device: hk.GpuDevice, n_ctx: int, n_kv: int, head_dim: int) -> None:
+        self.device = device
+        self.cache = device.kv_cache(n_ctx, n_kv, head_dim)
+        self.n_ctx, self.n_kv, self.head_dim = n_ctx, n_kv, head_dim
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.cache.nbytes)
+
+    def write(self, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Host K/V rows (any float dtype) at positions start.."""
+        bits = [np.ascontiguousarray(a, dtype=np.float16).view(np.uint16) for a in (k, v)]
+        self.device.kv_write(self.cache, start, bits[0], bits[1])
+
+    def host_copy(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of positions 0..n as f16 host arrays (n x n_kv x head_dim)."""
+        k, v = self.device.kv_read(self.cache, n)
+        return k.view(np.float16), v.view(np.float16)
+
+
+class GpuBackend:
+    name = "gpu"
+
+    def __init__(self, device: hk.GpuDevice) -> None:
+        self.device = device
+        self.description = device.name
+        self._matrices: dict[int, tuple[hk.QMatrix, hk.GpuMatrix]] = {}
+
+    def matrix(self, m: hk.QMatrix) -> hk.GpuMatrix:
+        # a tied embedding / LM head is one upload
+        got = self._matrices.get(id(m))
+        if got is None or got[0] is not m:
+            got = (m, self.device.matrix(m))
+            self._matrices[id(m)] = got
+        return got[1]
+
+    def vector(self, v: np.ndarray) -> hk.GpuTensor:
+        return self.device.tensor(np.ascontiguousarray(v, dtype=np.float32))
+
+    def kv_cache(self, n_ctx: int, n_kv: int, head_dim: int) -> GpuKVCache:
+        return GpuKVCache(self.device, n_ctx, n_kv, head_dim)
+
+    def ids(self, a: np.ndarray) -> hk.GpuTensor:
+        return self.device.ids(np.ascontiguousarray(a, dtype=np.int32))
+
+    def embed(self, m: hk.GpuMatrix, tokens: hk.GpuTensor) -> hk.GpuTensor:
+        return self.device.get_rows(m, tokens)
+
+    def matmul(self, w: hk.GpuMatrix, x: hk.GpuTensor, cancel: hk.CancelFlag | None = None) -> hk.GpuTensor:
+        return self.device.matmul(w, x)
+
+    def matmul_many(
+        self, ws: Sequence[hk.GpuMatrix], x: hk.GpuTensor, cancel: hk.CancelFlag | None = None
+    ) -> list[hk.GpuTensor]:
+        return self.device.matmul_many(list(ws), x)
+
+    def rms_norm(self, x: hk.GpuTensor, weight: hk.GpuTensor, eps: float) -> hk.GpuTensor:
+        return self.device.rms_norm(x, weight, eps)
+
+    def rope(
+        self, x: hk.GpuTensor, n_head: int, positions: hk.GpuTensor, n_rot: int, base: float, scale: float, neox: bool
+    ) -> hk.GpuTensor:
+        self.device.rope(x, n_head, positions, n_rot, base, scale, neox)
+        return x
+
+    def add_(self, dst: hk.GpuTensor, a: hk.GpuTensor) -> None:
+        self.device.add(dst, a)
+
+    def scale_(self, dst: hk.GpuTensor, s: float | np.float32) -> None:
+        self.device.scale(dst, float(s))
+
+    def add_row(self, x: hk.GpuTensor, bias: hk.GpuTensor) -> hk.GpuTensor:
+        out = self.device.columns(x, 0, x.shape[-1])  # a copy
+        self.device.add_row(out, bias)
+        return out.reshape(*x.shape)
+
+    def geglu(self, gate: hk.GpuTensor, up: hk.GpuTensor) -> hk.GpuTensor:
+        return self.device.geglu(gate, up)
+
+    def swiglu(self, gate: hk.GpuTensor, up: hk.GpuTensor) -> hk.GpuTensor:
+        return self.device.swiglu(gate, up)
+
+    def softcap(self, x: hk.GpuTensor, cap: float) -> hk.GpuTensor:
+        self.device.softcap(x, cap)
+        return x
+
+    def empty(self, shape: tuple[int, ...]) -> hk.GpuTensor:
+        return self.device.empty(list(shape))
+
+    def take_rows(self, x: hk.GpuTensor, rows: np.ndarray) -> hk.GpuTensor:
+        return self.device.take_rows(x, self.ids(rows))
+
+    def attention(
+        self,
+        cache: GpuKVCache,
+        start: int,
+        q: hk.GpuTensor,
+        k: hk.GpuTensor,
+        v: hk.GpuTensor,
+        rows: slice,
+        positions: hk.GpuTensor,
+        window: int,
+        kq_scale: float,
+        out: hk.GpuTensor,
+    ) -> None:
+        n_head = q.nbytes // 4 // positions.shape[0] // cache.head_dim
+        self.device.attention(
+            cache.cache, q, k, v, positions, out, rows.start, rows.stop - rows.start, start, n_head, window, kq_scale
+        )
+
+    def to_host(self, x: hk.GpuTensor) -> np.ndarray:
+        return self.device.to_host(x)
+
+    def flush(self) -> None:
+        self.device.flush()
+
+    def abort(self) -> None:
+        self.device.discard()

@@ -1,0 +1,188 @@
+"""Every GPU shader against the CPU kernels on random data, odd shapes included. Runs on any wgpu
+adapter (in CI: Mesa's software Vulkan driver); skips only where no adapter exists at all."""
+
+from __future__ import annotations
+
+import hyserve_kernels as hk
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import quantize
+
+FLOAT_AND_LEGACY = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+K_QUANTS = [T.Q4_K, T.Q5_K, T.Q6_K]
+ALL_TYPES = FLOAT_AND_LEGACY + K_QUANTS
+
+
+def k_quant_bytes(t: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random K-quant blocks (gguf can only dequantize these) with small, finite f16 scales."""
+    size = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}[t]
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+
+    def put_f16(at: int, lo: float, hi: float) -> None:
+        blocks[:, at : at + 2] = rng.uniform(lo, hi, len(blocks)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+    if t == T.Q6_K:
+        put_f16(208, 0.001, 0.01)
+    else:
+        put_f16(0, 0.001, 0.01)  # d
+        put_f16(2, 0.0, 0.01)  # dmin
+    return blocks.reshape(-1)
+
+
+def random_matrix(t: T, rows: int, cols: int, seed: int = 0) -> tuple[hk.QMatrix, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if t in K_QUANTS:
+        data = k_quant_bytes(t, rows, cols, rng)
+    else:
+        values = rng.standard_normal((rows, cols)).astype(np.float32)
+        data = np.ascontiguousarray(quantize(values, t)).view(np.uint8).reshape(-1)
+    m = hk.QMatrix(data, int(t), rows, cols)
+    return m, data
+
+
+def cols_for(t: T) -> int:
+    return 512 if t in K_QUANTS else 96
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_get_rows_dequantizes_like_the_cpu(gpu_device, t: T) -> None:
+    m, _ = random_matrix(t, 37, cols_for(t))
+    ids = np.asarray([0, 36, 5, 5, 17], dtype=np.int32)
+    gpu = gpu_device.to_host(gpu_device.get_rows(gpu_device.matrix(m), gpu_device.ids(ids)))
+    np.testing.assert_allclose(gpu, hk.get_rows(m, ids), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_matmul_matches_the_cpu(gpu_device, t: T, n: int) -> None:
+    cols = cols_for(t)
+    m, _ = random_matrix(t, 37, cols, seed=n)
+    x = np.random.default_rng(100 + n).standard_normal((n, cols)).astype(np.float32)
+    gpu = gpu_device.to_host(gpu_device.matmul(gpu_device.matrix(m), gpu_device.tensor(x)))
+    cpu = hk.matmul(m, x)
+    # both quantize the activations the same way; only the float summation order differs
+    np.testing.assert_allclose(gpu, cpu, rtol=2e-5, atol=2e-5 * float(np.abs(cpu).max()))
+
+
+def test_matmul_is_batch_invariant_and_deterministic(gpu_device) -> None:
+    m, _ = random_matrix(T.Q4_K, 70, 512)
+    w = gpu_device.matrix(m)
+    x = np.random.default_rng(1).standard_normal((11, 512)).astype(np.float32)
+    whole = gpu_device.to_host(gpu_device.matmul(w, gpu_device.tensor(x)))
+    again = gpu_device.to_host(gpu_device.matmul(w, gpu_device.tensor(x)))
+    np.testing.assert_array_equal(whole, again)
+    for lo, hi in [(0, 1), (3, 4), (2, 9), (10, 11)]:
+        part = gpu_device.to_host(gpu_device.matmul(w, gpu_device.tensor(x[lo:hi])))
+        np.testing.assert_array_equal(part, whole[lo:hi])
+
+
+def test_tensors_split_across_bindings_give_the_same_rows() -> None:
+    """Adapters limit one binding (128 MiB on some): big tensors are cut into row chunks."""
+    try:
+        small = hk.GpuDevice(None, None, allow_software=True, max_binding=1024)
+        whole = hk.GpuDevice(None, None, allow_software=True)
+    except ValueError as exc:
+        pytest.skip(f"no wgpu adapter on this machine: {exc}")
+    m, _ = random_matrix(T.Q8_0, 101, 96)  # 102 bytes a row: 10 rows a binding
+    assert small.matrix(m).n_bindings == 11 and whole.matrix(m).n_bindings == 1
+    x = np.random.default_rng(2).standard_normal((3, 96)).astype(np.float32)
+    ids = np.asarray([100, 0, 57, 9, 10], dtype=np.int32)
+    for dev in (small, whole):
+        w = dev.matrix(m)
+        np.testing.assert_array_equal(dev.to_host(dev.get_rows(w, dev.ids(ids))), hk.get_rows(m, ids))
+    a = small.to_host(small.matmul(small.matrix(m), small.tensor(x)))
+    b = whole.to_host(whole.matmul(whole.matrix(m), whole.tensor(x)))
+    np.testing.assert_array_equal(a, b)
+
+
+def test_rms_norm_over_rows_and_heads(gpu_device) -> None:
+    x = np.random.default_rng(3).standard_normal((5, 48)).astype(np.float32)
+    for n in (48, 16):
+        w = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+        gpu = gpu_device.to_host(gpu_device.rms_norm(gpu_device.tensor(x), gpu_device.tensor(w), 1e-6))
+        cpu = hk.rms_norm(x.reshape(-1, n), w, 1e-6).reshape(x.shape)
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [16, 8])
+def test_rope(gpu_device, neox: bool, n_rot: int) -> None:
+    n_head, head_dim = 3, 16
+    x = np.random.default_rng(4).standard_normal((6, n_head * head_dim)).astype(np.float32)
+    pos = np.asarray([0, 1, 7, 300, 4095, 2], dtype=np.int32)
+    t = gpu_device.tensor(x)
+    gpu_device.rope(t, n_head, gpu_device.ids(pos), n_rot, 10000.0, 0.5, neox)
+    cpu = x.copy()
+    hk.rope(cpu, n_head, pos, n_rot, 10000.0, 0.5, neox)
+    np.testing.assert_allclose(gpu_device.to_host(t), cpu, rtol=1e-4, atol=1e-4)
+
+
+def test_elementwise_ops(gpu_device) -> None:
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal((4, 40)).astype(np.float32) * 4 for _ in range(2))
+    bias = rng.standard_normal(40).astype(np.float32)
+    dev = gpu_device
+    np.testing.assert_allclose(
+        dev.to_host(dev.geglu(dev.tensor(a), dev.tensor(b))), hk.geglu(a, b), rtol=2e-3, atol=1e-5
+    )
+    np.testing.assert_allclose(dev.to_host(dev.swiglu(dev.tensor(a), dev.tensor(b))), hk.swiglu(a, b), rtol=1e-5)
+    t = dev.tensor(a)
+    dev.add(t, dev.tensor(b))
+    dev.scale(t, 0.5)
+    dev.add_row(t, dev.tensor(bias))
+    np.testing.assert_allclose(dev.to_host(t), (a + b) * np.float32(0.5) + bias, rtol=1e-6)
+    dev.softcap(t, 3.0)
+    np.testing.assert_allclose(
+        dev.to_host(t), 3.0 * np.tanh(((a + b) * np.float32(0.5) + bias) / 3.0), rtol=1e-5, atol=1e-6
+    )
+    rows = np.asarray([3, 0, 0], dtype=np.int32)
+    np.testing.assert_array_equal(dev.to_host(dev.take_rows(dev.tensor(a), dev.ids(rows))), a[rows])
+    np.testing.assert_array_equal(dev.to_host(dev.columns(dev.tensor(a), 7, 9)), a[:, 7:16])
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "window"), [(4, 2, 0), (2, 2, 5), (4, 1, 0)])
+def test_attention_over_a_device_cache(gpu_device, n_head: int, n_kv: int, window: int) -> None:
+    dev, hd, n = gpu_device, 16, 13
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+    k = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
+    pos = np.arange(n, dtype=np.int32)
+    cache = dev.kv_cache(32, n_kv, hd)
+    out = dev.empty([n, n_head * hd])
+    # two calls: a prompt of 9 rows, then 4 more rows of the same sequence
+    for lo, hi in [(0, 9), (9, n)]:
+        dev.attention(cache, dev.tensor(q), dev.tensor(k), dev.tensor(v), dev.ids(pos), out, lo, hi - lo, lo,
+                      n_head, window, 0.25)  # fmt: skip
+    kb = k.reshape(n, n_kv, hd).astype(np.float16).view(np.uint16)
+    vb = v.reshape(n, n_kv, hd).astype(np.float16).view(np.uint16)
+    cpu = hk.attention(q.reshape(n, n_head, hd), kb, vb, pos, window, 0.25).reshape(n, -1)
+    np.testing.assert_allclose(dev.to_host(out), cpu, rtol=1e-4, atol=1e-4)
+    k_back, v_back = dev.kv_read(cache, n)
+    np.testing.assert_array_equal(k_back, kb)
+    np.testing.assert_array_equal(v_back, vb)
+
+
+def test_kv_cache_host_and_device_copies(gpu_device) -> None:
+    dev = gpu_device
+    bits = np.random.default_rng(7).integers(0, 0x7BFF, size=(2, 10, 2, 8), dtype=np.uint16)
+    a, b = dev.kv_cache(16, 2, 8), dev.kv_cache(16, 2, 8)
+    dev.kv_write(a, 3, bits[0][3:], bits[1][3:])
+    dev.kv_write(a, 0, bits[0][:3], bits[1][:3])
+    dev.kv_copy(a, b, 10)
+    for cache in (a, b):
+        k, v = dev.kv_read(cache, 10)
+        np.testing.assert_array_equal(k, bits[0])
+        np.testing.assert_array_equal(v, bits[1])
+
+
+def test_bad_shapes_are_value_errors(gpu_device) -> None:
+    dev = gpu_device
+    m, _ = random_matrix(T.Q8_0, 4, 64)
+    with pytest.raises(ValueError, match="matmul"):
+        dev.matmul(dev.matrix(m), dev.tensor(np.zeros((2, 32), np.float32)))
+    with pytest.raises(ValueError, match="reshape"):
+        dev.tensor(np.zeros((2, 32), np.float32)).reshape(3, -1)
+    with pytest.raises(ValueError, match="adapter"):
+        hk.GpuDevice(None, "no such adapter name", allow_software=True)
