@@ -1,0 +1,208 @@
+"""GPU path benchmark (wgpu): prompt processing, generation and batched decode on one adapter,
+with the bytes each decode step moves and, given the adapter's memory bandwidth, the fraction of
+it that is; per op family, the time of each family with the device synchronised after every op.
+
+Side by side with llama.cpp on the same device where a GPU build of llama-cpp-python is installed
+(Vulkan or CUDA); the CPU build this project's tests use has neither, and then the JSON says so.
+On a software adapter (Mesa's lavapipe) the figures are CPU emulation, not GPU speeds: the run
+only shows the JSON's shape.
+
+    python bench/gpu_bench.py [--model default|PATH] [--prompt 512] [--gen 128] [--batch 1 2 4 8 16]
+                              [--adapter NAME] [--bandwidth-gbs 3350] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+TEXT = (
+    "The history of computing is a story of abstraction layered on abstraction. Early machines were "
+    "programmed by rewiring panels; later, stored programs let the same hardware run many tasks. "
+)
+
+
+class OpTimer:
+    """Wraps a backend: each op is followed by a device sync and its wall time added to its family."""
+
+    FAMILIES: ClassVar[dict[str, str]] = {
+        "matmul": "matmul",
+        "matmul_many": "matmul",
+        "embed": "get_rows",
+        "rms_norm": "norm",
+        "rope": "rope",
+        "attention": "attention",
+        "geglu": "elementwise",
+        "swiglu": "elementwise",
+        "add_": "elementwise",
+        "scale_": "elementwise",
+        "add_row": "elementwise",
+        "softcap": "elementwise",
+        "take_rows": "copy",
+    }
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.backend, name)
+        family = self.FAMILIES.get(name)
+        if family is None:
+            return attr
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.backend.device.flush()
+            self.backend.device.to_host(self.backend.device.empty([1]))  # drain the queue
+            start = time.perf_counter()
+            out = attr(*args, **kwargs)
+            self.backend.device.to_host(self.backend.device.empty([1]))
+            self.seconds[family] += time.perf_counter() - start
+            return out
+
+        return timed
+
+
+def decode_bytes(arch: Any, n_ctx: int) -> int:
+    """Bytes one decode step reads: every weight once (a tied LM head once) + the KV cache."""
+    seen: dict[int, int] = {}
+    for value in vars(arch).values():
+        if hasattr(value, "n_bindings"):
+            seen[id(value)] = value.nbytes
+    for layer in getattr(arch, "layers", []):
+        for value in vars(layer).values():
+            if hasattr(value, "n_bindings"):
+                seen[id(value)] = value.nbytes
+    kv = 2 * len(getattr(arch, "layers", [])) * arch.n_kv * arch.head_dim * 2 * n_ctx
+    return sum(seen.values()) + kv
+
+
+def bench_hyserve(args: argparse.Namespace) -> dict:
+    from hyserve.model.architectures.base import Logits, Segment
+    from hyserve.model.loader import load_model
+
+    start = time.perf_counter()
+    model = load_model(args.model, device="gpu", gpu_adapter=args.adapter)
+    load_s = time.perf_counter() - start
+    arch, ops = model.arch, model.arch.ops
+    tokens = model.tokenizer.encode(TEXT * (1 + args.prompt // 30))[: args.prompt]
+
+    def prompt() -> float:
+        memory = arch.new_memory(args.prompt + args.gen + 8)
+        t = time.perf_counter()
+        arch.forward([Segment(memory, np.asarray(tokens, np.int32), Logits.LAST)])
+        return time.perf_counter() - t
+
+    def generation() -> float:
+        memory = arch.new_memory(args.prompt + args.gen + 8)
+        logits = arch.forward([Segment(memory, np.asarray(tokens[:8], np.int32), Logits.LAST)])[0]
+        t = time.perf_counter()
+        for _ in range(args.gen):
+            nxt = np.asarray([int(np.argmax(logits))], np.int32)
+            logits = arch.forward([Segment(memory, nxt, Logits.LAST)])[0]
+        return time.perf_counter() - t
+
+    def batched(k: int) -> float:
+        memories = [arch.new_memory(64) for _ in range(k)]
+        arch.forward([Segment(m, np.asarray(tokens[:8], np.int32), Logits.NONE) for m in memories])
+        steps = []
+        for step in range(3):
+            segs = [Segment(m, np.asarray([tokens[8 + step]], np.int32), Logits.LAST) for m in memories]
+            t = time.perf_counter()
+            arch.forward(segs)
+            steps.append(time.perf_counter() - t)
+        return statistics.median(steps)
+
+    prompt()  # warm-up: pipelines built, weights resident
+    pp = [prompt() for _ in range(args.repeats)]
+    tg = [generation() for _ in range(args.repeats)]
+    decode = {str(k): batched(k) for k in args.batch}
+    timer = OpTimer(ops)
+    arch.ops = timer
+    prompt()
+    arch.ops = ops
+    step_bytes = decode_bytes(arch, 8)
+    step_s = decode["1"] if "1" in decode else None
+    gbs = step_bytes / step_s / 1e9 if step_s else None
+    return {
+        "adapter": ops.description,
+        "software_adapter": bool(ops.device.is_software),
+        "load_s": load_s,
+        "prompt_tokens": len(tokens),
+        "prompt_tok_s": len(tokens) / statistics.median(pp),
+        "gen_tokens": args.gen,
+        "gen_tok_s": args.gen / statistics.median(tg),
+        "batched_decode_step_s": decode,
+        "batched_decode_tok_s": {k: int(k) / s for k, s in decode.items()},
+        "decode_step_bytes": step_bytes,
+        "decode_gb_s": gbs,
+        "bandwidth_fraction": gbs / args.bandwidth_gbs if gbs and args.bandwidth_gbs else None,
+        "prompt_op_family_s": dict(timer.seconds),
+        "timing": "wall clock; op families with a device sync after each op (no timestamp queries yet)",
+    }
+
+
+def llama_cpp_on_the_device() -> dict:
+    """llama.cpp on the same GPU needs a GPU build of llama-cpp-python; say whether there is one."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return {"available": False, "reason": "llama-cpp-python is not installed"}
+    if not llama_cpp.llama_supports_gpu_offload():
+        return {"available": False, "reason": "this llama-cpp-python build has no GPU backend (CPU only)"}
+    return {"available": True, "reason": "a GPU build: compare with bench/runtime_bench.py --n-gpu-layers"}
+
+
+def draw(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ours = result["hyserve"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar(["prompt tok/s", "generation tok/s"], [ours["prompt_tok_s"], ours["gen_tok_s"]], color="tab:green")
+    a.set_title(ours["adapter"][:48], fontsize=8)
+    ks = list(ours["batched_decode_tok_s"])
+    b.plot([int(k) for k in ks], [ours["batched_decode_tok_s"][k] for k in ks], "o-", color="tab:green")
+    b.set_xlabel("sequences per decode step")
+    b.set_ylabel("tokens/s")
+    b.set_title("batched decode" + (" (software adapter: not a GPU speed)" if ours["software_adapter"] else ""))
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default")
+    p.add_argument("--adapter", default=None, help="GPU adapter name substring")
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--gen", type=int, default=128)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bandwidth-gbs", type=float, default=None, help="the adapter's memory bandwidth, GB/s")
+    p.add_argument("--name", default="gpu_bench")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = p.parse_args()
+    result = {
+        "machine": platform.processor() or platform.machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "hyserve": bench_hyserve(args),
+        "llama_cpp": llama_cpp_on_the_device(),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    draw(result, args.out / f"{args.name}.png")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
