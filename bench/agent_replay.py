@@ -11,7 +11,15 @@ turn's answer):
   user message arrives (Qwen3.5 style), so each new prompt diverges inside the previous one;
 - `edit_last_user`: the last user message is rewritten, twice;
 - `regenerate`: the same conversation is sent again, twice;
-- `interleaved`: two conversations take turns on the one slot.
+- `interleaved`: two conversations take turns on the one slot;
+- `edit_keep_words`: the last user message rewritten keeping its first ~40 % of words, three times;
+- `system_prompts_part`: two conversations whose system prompts share a long opening and part in
+  the middle (a date, a working directory), interleaved on the one slot;
+- `regenerate_from_answer`: the same prompt followed by the first tokens of the previous answer
+  (regenerate from a point inside it), token input;
+- `follow_up_repeats_answer`: the next prompt's assistant text is the previous answer decoded and
+  re-rendered, so it repeats the generated tokens and parts from them where the text tokenizes
+  otherwise.
 
 For every request: tokens processed (Finished.usage) and the minimum = prompt length minus its
 longest common prefix with any sequence the server evaluated before (earlier prompts plus their
@@ -28,7 +36,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +50,10 @@ from hyserve.model.loader import load_model
 from hyserve_client import Accepted, Delta, Finished, HyserveClient
 
 Message = dict[str, Any]
+# A request: chat messages, or a function of the previous request (its prompt tokens, answer tokens,
+# messages, and the tokenizer) giving token ids or messages
+FollowUp = Callable[[list[int], list[int], list[Message], Any], "list[int] | list[Message]"]
+Request = list[Message] | FollowUp
 
 SYSTEM = (
     "You are a coding agent working in a Python repository. You can call these tools by writing "
@@ -122,7 +134,27 @@ def rotated(k: int, n: int = 3) -> list[str]:
     return [QUESTIONS[(k + i) % len(QUESTIONS)] for i in range(n)]
 
 
-def scenarios() -> dict[str, list[list[Message]]]:
+def keep_words(text: str, fraction: float, ending: str) -> str:
+    words = text.split()
+    return " ".join(words[: max(1, round(len(words) * fraction))]) + ending
+
+
+def regenerate_from(k: int) -> FollowUp:
+    """The previous prompt and the first k tokens of its answer, as token ids."""
+    return lambda prompt, answer, _messages, _tok: [*prompt, *answer[:k]]
+
+
+def follow_up_with_answer(question: str) -> FollowUp:
+    """The previous conversation, its answer decoded as the assistant message, then a new question."""
+
+    def build(prompt: list[int], answer: list[int], messages: list[Message], tok: Any) -> list[Message]:
+        text = tok.decode(answer)
+        return [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": question}]
+
+    return build
+
+
+def scenarios() -> dict[str, list[Request]]:
     """Each scenario opens with its own question order (same agent, same system prompt)."""
     chat3 = chat_turns(rotated(1))
     edited = [
@@ -132,24 +164,45 @@ def scenarios() -> dict[str, list[list[Message]]]:
     again = chat_turns(rotated(2))
     a = chat_turns(rotated(3))
     b = chat_turns(["List the RPCs the service defines; which one streams?", QUESTIONS[2], QUESTIONS[0]])
+    chat4 = chat_turns(rotated(0, 4))
+    rewrites = [
+        [*chat4[-1][:-1], {"role": "user", "content": keep_words(chat4[-1][-1]["content"], 0.4, ending)}]
+        for ending in (" in the README instead?", " without the prefix store?", ", and where is it tested?")
+    ]
+    opening = SYSTEM + "\nWorking directory: /home/agent/projects/"
+    sys_a, sys_b = opening + "hyserve (date 2026-03-01).", opening + "kernels (date 2026-03-02)."
+    pa, pb = chat_turns(rotated(1), sys_a), chat_turns(rotated(2), sys_b)
+    regen = chat_turns(rotated(3, 2))[-1]
+    follow = chat_turns(rotated(0, 1))[-1]
     return {
         "agent_append": tool_loop(4),
         "reasoning_stripped": chat_turns(QUESTIONS),
         "edit_last_user": [*chat3, *edited],
         "regenerate": [*again, again[-1], again[-1]],
         "interleaved": [m for pair in zip(a, b) for m in pair],
+        "edit_keep_words": [*chat4, *rewrites],
+        "system_prompts_part": [m for pair in zip(pa, pb) for m in pair],
+        "regenerate_from_answer": [regen, regenerate_from(6), regen, regenerate_from(3)],
+        "follow_up_repeats_answer": [follow, follow_up_with_answer(QUESTIONS[1]), follow_up_with_answer(QUESTIONS[2])],
     }
 
 
 def replay(target: str, ledger: Ledger, gen: int) -> list[dict]:
     rows = []
+    tokenizer = ledger.model.tokenizer
     with HyserveClient(target) as client:
         for name, requests in scenarios().items():
-            for turn, messages in enumerate(requests, 1):
-                prompt = ledger.tokens(messages)
+            prompt, generated, messages = [], [], []
+            for turn, request in enumerate(requests, 1):
+                made = request(prompt, generated, messages, tokenizer) if callable(request) else request
+                if made and isinstance(made[0], dict):
+                    messages = list(made)
+                    prompt, kwargs = ledger.tokens(messages), {"messages": messages}
+                else:
+                    prompt, kwargs = list(made), {"token_ids": list(made)}
                 minimum = ledger.minimum(prompt)
                 start = time.perf_counter()
-                events = list(client.generate(messages=messages, max_tokens=gen, ignore_eos=True))
+                events = list(client.generate(max_tokens=gen, ignore_eos=True, **kwargs))
                 seconds = time.perf_counter() - start
                 accepted, finished = events[0], events[-1]
                 assert isinstance(accepted, Accepted) and isinstance(finished, Finished)

@@ -8,7 +8,7 @@ import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.model.architectures.base import Segment, logit_rows, split_logits
-from hyserve.model.memory import RecurrentState, SequenceMemory
+from hyserve.model.memory import RecurrentState, SequenceMemory, WindowCache
 
 
 def attend(
@@ -35,6 +35,8 @@ def attend(
         start = seg.memory.n_tokens
         end = start + (span.stop - span.start)
         cache.write(start, k[span], v[span])
+        if seg.inputs is not None and isinstance(cache, WindowCache):  # kept for replays, as the ring holds them
+            seg.inputs[layer] = (k[span].astype(np.float16), v[span].astype(np.float16))
         # a ring-buffer window cache hands over its keys from `base` on: positions shift with them
         k_bits, v_bits, base = cache.attention_view(start, end, window)
         pos = positions[span] if base == 0 else positions[span] - base
