@@ -304,6 +304,7 @@ def test_h_an_edit_that_keeps_the_first_words_of_the_last_user_message(served: S
         assert diverge > content_start + 100
         accepted, _, _ = served.ask(edited)  # processed == the minimum
         assert accepted.reused_tokens >= diverge  # inside the message's text, not at its start
+        assert accepted.reprocess_reason == ""
 
 
 def test_i_two_system_prompts_that_part_in_the_middle(served: Served) -> None:
@@ -324,6 +325,7 @@ def test_j_a_regenerate_that_keeps_the_first_tokens_of_the_old_answer(served: Se
     # regenerate from a kept part of the answer: the state inside the generated tokens is reached
     accepted, _, finished = ask_tokens(served, [*prompt, *first[:4]], 8)
     assert finished.usage.processed_prompt_tokens == 1 and accepted.reused_tokens == len(prompt) + 3
+    assert accepted.reprocess_reason == "no_stored_logits"  # a replay gives no logits: the last token is evaluated
 
 
 def test_k_a_follow_up_whose_assistant_text_repeats_the_generated_tokens(served: Served) -> None:

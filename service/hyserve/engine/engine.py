@@ -488,6 +488,7 @@ class Engine:
                     reused_tokens=run.plan.resume,
                     reuse_source=run.plan.source,
                     matched_tokens=run.plan.matched,
+                    reprocess_reason=run.plan.reason or "",
                 )
             )
             if run.first_logits is not None:  # resumed at the prompt end: its logits were stored
