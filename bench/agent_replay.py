@@ -26,7 +26,7 @@ longest common prefix with any sequence the server evaluated before (earlier pro
 generated tokens), 0 for an exact resend of an earlier prompt. Prompts are tokenized in-process
 with the server's own template and tokenizer code. Prints JSON and writes JSON + PNG.
 
-    python bench/agent_replay.py [--model default|PATH] [--name NAME] [--gen 8] [--threads 2]
+    python bench/agent_replay.py [--model default|PATH] [--name NAME] [--gen 8] [--threads 2] [--swa-cache ring]
 """
 
 from __future__ import annotations
@@ -217,6 +217,7 @@ def replay(target: str, ledger: Ledger, gen: int) -> list[dict]:
                         "prompt_tokens": len(prompt),
                         "reused": accepted.reused_tokens,
                         "source": accepted.reuse_source.value,
+                        "reason": accepted.reprocess_reason,
                         "processed": processed,
                         "minimum": minimum,
                         "ratio": processed / minimum if minimum else (1.0 if processed == 0 else float("inf")),
@@ -272,6 +273,7 @@ def main() -> None:
     ap.add_argument("--name", default="agent_replay_gemma3_270m", help="output file name (without extension)")
     ap.add_argument("--gen", type=int, default=8, help="tokens generated per request")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--swa-cache", choices=("full", "ring"), default="full", help="the server's --swa-cache")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -280,7 +282,7 @@ def main() -> None:
         template.write_text(CHAT_TEMPLATE)
         model = load_model(args.model, template)
         server_args = ["--model", args.model, "--chat-template", str(template), "--parallel", "1"]
-        server_args += ["--ctx-size", "4096", "--threads", str(args.threads)]
+        server_args += ["--ctx-size", "4096", "--threads", str(args.threads), "--swa-cache", args.swa_cache]
         start = time.perf_counter()
         with running_server(Path(tmp) / "server.log", *server_args) as target:
             rows = replay(target, Ledger(model), args.gen)
@@ -290,6 +292,7 @@ def main() -> None:
     result = {
         "model": f"{model.gguf.architecture} {model.path.name}",
         "threads": args.threads,
+        "swa_cache": args.swa_cache,
         "gen_tokens_per_request": args.gen,
         "wall_s": round(wall, 1),
         "scenarios": summarise(rows),
@@ -299,6 +302,9 @@ def main() -> None:
             "checkpoints_created": stats.counters.checkpoints_created,
             "checkpoints_evicted": stats.counters.checkpoints_evicted,
             "prefix_store_hits": stats.counters.prefix_store_hits,
+            "replays": stats.counters.replays,
+            "replayed_tokens": stats.counters.replayed_tokens,
+            "input_blocks_evicted": stats.counters.input_blocks_evicted,
             "reprocessed_tokens_by_reason": stats.counters.reprocessed_tokens_by_reason,
             "full_reprocess_by_reason": stats.counters.full_reprocess_by_reason,
         },

@@ -132,7 +132,7 @@ def input_bytes_per_token(model: LoadedModel) -> int:
     return sum(a.nbytes for arrays in (seg.inputs or {}).values() for a in arrays)
 
 
-def _rig(path: Path, n_slots: int, checkpoints_kept: int = 3, replay_tokens: int = 120) -> Iterator[Rig]:
+def _rig(path: Path, n_slots: int, checkpoints_kept: int = 3, replay_tokens: int = 48) -> Iterator[Rig]:
     model = load_model(path)
     # budgets in units of one checkpoint (attention-only memory: logits only) so eviction happens
     snap_bytes = max(model.arch.new_memory(8).snapshot().nbytes, 4 * model.arch.n_vocab)
