@@ -164,7 +164,9 @@ def scenarios() -> dict[str, list[Request]]:
     again = chat_turns(rotated(2))
     a = chat_turns(rotated(3))
     b = chat_turns(["List the RPCs the service defines; which one streams?", QUESTIONS[2], QUESTIONS[0]])
-    chat4 = chat_turns(rotated(0, 4))
+    # the new scenarios' system prompts add a line each: their prompts never repeat an earlier
+    # scenario's exactly (the minimum of an exact repeat is 0)
+    chat4 = chat_turns(rotated(0, 4), SYSTEM + "\nStyle: one paragraph.")
     rewrites = [
         [*chat4[-1][:-1], {"role": "user", "content": keep_words(chat4[-1][-1]["content"], 0.4, ending)}]
         for ending in (" in the README instead?", " without the prefix store?", ", and where is it tested?")
@@ -172,8 +174,8 @@ def scenarios() -> dict[str, list[Request]]:
     opening = SYSTEM + "\nWorking directory: /home/agent/projects/"
     sys_a, sys_b = opening + "hyserve (date 2026-03-01).", opening + "kernels (date 2026-03-02)."
     pa, pb = chat_turns(rotated(1), sys_a), chat_turns(rotated(2), sys_b)
-    regen = chat_turns(rotated(3, 2))[-1]
-    follow = chat_turns(rotated(0, 1))[-1]
+    regen = chat_turns(rotated(3, 2), SYSTEM + "\nFormat: a list.")[-1]
+    follow = chat_turns(rotated(0, 1), SYSTEM + "\nOutput: code first.")[-1]
     return {
         "agent_append": tool_loop(4),
         "reasoning_stripped": chat_turns(QUESTIONS),
