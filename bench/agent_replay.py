@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -107,6 +108,11 @@ ANSWERS = [
 ]
 
 
+PASTED_LOG = "Why does this run fail? Here is the log:\n" + "\n".join(
+    f"tests/test_cache_plan.py::test_case_{i} {'FAILED' if i % 9 == 4 else 'PASSED'} [{i * 3}%]" for i in range(30)
+)
+
+
 def tool_loop(turns: int) -> list[list[Message]]:
     convo: list[Message] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
     out = [list(convo)]
@@ -135,8 +141,9 @@ def rotated(k: int, n: int = 3) -> list[str]:
 
 
 def keep_words(text: str, fraction: float, ending: str) -> str:
-    words = text.split()
-    return " ".join(words[: max(1, round(len(words) * fraction))]) + ending
+    """The text up to the end of its first `fraction` of words (as written), then `ending`."""
+    words = list(re.finditer(r"\S+", text))
+    return text[: words[max(1, round(len(words) * fraction)) - 1].end()] + ending
 
 
 def regenerate_from(k: int) -> FollowUp:
@@ -166,10 +173,12 @@ def scenarios() -> dict[str, list[Request]]:
     b = chat_turns(["List the RPCs the service defines; which one streams?", QUESTIONS[2], QUESTIONS[0]])
     # the new scenarios' system prompts add a line each: their prompts never repeat an earlier
     # scenario's exactly (the minimum of an exact repeat is 0)
-    chat4 = chat_turns(rotated(0, 4), SYSTEM + "\nStyle: one paragraph.")
+    # the last question pastes a test log: long enough that its first words lie beyond what a ring
+    # window cache still holds when the edits come
+    chat4 = chat_turns([*rotated(0, 3), PASTED_LOG], SYSTEM + "\nStyle: one paragraph.")
     rewrites = [
-        [*chat4[-1][:-1], {"role": "user", "content": keep_words(chat4[-1][-1]["content"], 0.4, ending)}]
-        for ending in (" in the README instead?", " without the prefix store?", ", and where is it tested?")
+        [*chat4[-1][:-1], {"role": "user", "content": keep_words(PASTED_LOG, 0.4, ending)}]
+        for ending in (" Which test failed first?", " Ignore the warnings; why is it slow?", " Summarise it.")
     ]
     opening = SYSTEM + "\nWorking directory: /home/agent/projects/"
     sys_a, sys_b = opening + "hyserve (date 2026-03-01).", opening + "kernels (date 2026-03-02)."
@@ -276,6 +285,7 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=8, help="tokens generated per request")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--swa-cache", choices=("full", "ring"), default="full", help="the server's --swa-cache")
+    ap.add_argument("--replay-memory", type=int, default=None, help="the server's --replay-memory (MiB)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -285,6 +295,8 @@ def main() -> None:
         model = load_model(args.model, template)
         server_args = ["--model", args.model, "--chat-template", str(template), "--parallel", "1"]
         server_args += ["--ctx-size", "4096", "--threads", str(args.threads), "--swa-cache", args.swa_cache]
+        if args.replay_memory is not None:
+            server_args += ["--replay-memory", str(args.replay_memory)]
         start = time.perf_counter()
         with running_server(Path(tmp) / "server.log", *server_args) as target:
             rows = replay(target, Ledger(model), args.gen)
@@ -295,6 +307,7 @@ def main() -> None:
         "model": f"{model.gguf.architecture} {model.path.name}",
         "threads": args.threads,
         "swa_cache": args.swa_cache,
+        "replay_memory_mib": args.replay_memory,
         "gen_tokens_per_request": args.gen,
         "wall_s": round(wall, 1),
         "scenarios": summarise(rows),

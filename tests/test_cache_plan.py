@@ -390,15 +390,14 @@ def test_replay_reach() -> None:
     assert replay_reach(view) == [(0, 0, 2), (3, 3, 50), (60, 60, 99), (100, 100, 119)]
 
 
-def test_log_eviction_drops_the_middle_of_a_long_history_first() -> None:
+def test_log_eviction_drops_the_middle_then_the_newest_turns_and_keeps_the_head_longest() -> None:
     cps = {0: [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120]}
     blocks = [LogBlockView(0, s, s + 10, 100, turn=s // 40) for s in range(0, 130, 10)]
-    # first 3 and last 8 checkpoints (and the empty state) are protected: 40 is the only middle base
+    # head: the empty state and the first 3 checkpoints; tail: the last 8; 40 is the only middle base
     order = [b.start for b in choose_log_evictions(blocks, cps, 0)]
-    assert order[0] == 40 and sorted(order) == [b.start for b in blocks]
-    assert order[1:] == [0, 10, 20, 30, 50, 60, 70, 80, 90, 100, 110, 120]  # then older turns, earlier positions
+    assert order == [40, 50, 60, 70, 80, 90, 100, 110, 120, 0, 10, 20, 30]  # then older turns, earlier positions
     assert choose_log_evictions(blocks, cps, 1300) == []
-    assert [b.start for b in choose_log_evictions(blocks, cps, 1150)] == [40, 0]
+    assert [b.start for b in choose_log_evictions(blocks, cps, 1150)] == [40, 50]
 
 
 def test_subsumes_counts_replays() -> None:

@@ -192,8 +192,7 @@ def test_d_an_identical_resend_evaluates_nothing(served: Served) -> None:
 
 
 def test_e_two_conversations_alternating_on_one_slot_process_only_new_tokens(served: Served) -> None:
-    # different system messages (a divergence inside a message's text is only exact on attention
-    # memory: recurrent state resumes at the last boundary before it)
+    # different system messages (test_i: system prompts that part inside their text)
     a = "Zebra persona: plan trips."
     b = "Quokka persona: review code."
     for turn in range(1, 4):

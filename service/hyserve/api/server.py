@@ -72,7 +72,7 @@ class ServeConfig:
     checkpoint_memory_mib: int = 1024
     checkpoint_interval: int = 1024
     cache_memory_mib: int = 2048
-    replay_memory_mib: int = 512
+    replay_memory_mib: int = 1024
     metrics_port: int | None = None
     swa_cache: str = "full"
 
@@ -125,7 +125,7 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--replay-memory",
         type=int,
-        default=512,
+        default=1024,
         metavar="MIB",
         help="budget of kept per-token recurrent/ring inputs, to resume exactly anywhere in them (0: off)",
     )

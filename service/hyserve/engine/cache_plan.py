@@ -373,24 +373,26 @@ def choose_log_evictions(
     """The blocks of kept inputs to drop so that the rest fit in `budget` bytes.
 
     A block serves the positions after the nearest base before it (a checkpoint of its slot, or
-    0). Blocks after the empty state or after one of the slot's first `keep_head` or last
-    `keep_tail` checkpoints are kept longest, the regions where prompts part: a shared system
-    prompt, the newest messages and the last answer. Within each tier older turns go first, then
-    earlier positions.
+    0). The middle of a long history goes first; then blocks after one of the slot's last
+    `keep_tail` checkpoints (the newest messages and the last answer: edits, regenerates); blocks
+    after the empty state or one of the first `keep_head` checkpoints (a shared system prompt, where
+    every new conversation of the same agent parts) go last. Within each tier older turns go first,
+    then earlier positions.
     """
-    ends: dict[int, set[int]] = {}
+    tiers: dict[int, tuple[set[int], set[int]]] = {}
     for owner, positions in checkpoints.items():
         ordered = sorted(positions)
-        ends[owner] = {0, *ordered[:keep_head], *ordered[len(ordered) - keep_tail :]}
+        tiers[owner] = ({0, *ordered[:keep_head]}, set(ordered[len(ordered) - keep_tail :]))
 
-    def protected(b: LogBlockView) -> bool:
+    def tier(b: LogBlockView) -> int:
         cps = checkpoints.get(b.owner, ())
         anchor = max((c for c in cps if c <= b.start), default=0)
-        return anchor in ends.get(b.owner, {0})
+        head, tail = tiers.get(b.owner, ({0}, set()))
+        return 2 if anchor in head else 1 if anchor in tail else 0
 
     total = sum(b.nbytes for b in blocks)
     out: list[LogBlockView] = []
-    for b in sorted(blocks, key=lambda b: (protected(b), b.turn, b.start)):
+    for b in sorted(blocks, key=lambda b: (tier(b), b.turn, b.start)):
         if total <= budget:
             break
         out.append(b)

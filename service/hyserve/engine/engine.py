@@ -101,7 +101,7 @@ class EngineConfig:
     checkpoint_memory: int = 1 << 30  # bytes for all slots' checkpoints
     checkpoint_interval: int = 1024  # also checkpoint every this many tokens of a long prompt (0: off)
     cache_memory: int = 2 << 30  # bytes of the host-memory prefix store (0: off)
-    replay_memory: int = 512 << 20  # bytes of kept per-token inputs of all slots, for exact resumes (0: off)
+    replay_memory: int = 1 << 30  # bytes of kept per-token inputs of all slots, for exact resumes (0: off)
     window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
 
     def __post_init__(self) -> None:
