@@ -286,21 +286,25 @@ def ask_tokens(served: Served, prompt: list[int], n: int = GEN) -> tuple[Accepte
     return accepted, generated, finished
 
 
-# long enough (~700 tokens) that a ring window cache no longer holds what its first words saw
-LONG_USER = " ".join(f"Step {i}: open file_{i}.py and count its lines." for i in range(60))
+def long_user(served: Served) -> str:
+    """A user message; for the ring window cache long enough (~700 tokens) that the ring no longer
+    holds what its first words saw (the full cache reaches everything anyway: shorter, faster)."""
+    steps = 60 if served.kind == "gemma3-ring" else 12
+    return " ".join(f"Step {i}: open file_{i}.py and count its lines." for i in range(steps))
 
 
 def test_h_an_edit_that_keeps_the_first_words_of_the_last_user_message(served: Served) -> None:
     system = "Edit persona: answer in one line."
-    served.ask(chat(3, system=system, users=[*USERS[:2], LONG_USER]))
-    words = LONG_USER.split()
+    text = long_user(served)
+    served.ask(chat(3, system=system, users=[*USERS[:2], text]))
+    words = text.split()
     kept = " ".join(words[: len(words) * 2 // 5])  # the first 40 % of the words, then a new ending
     for ending in (" Then stop and report.", " Skip the tests folder, please."):
         edited = chat(3, system=system, users=[*USERS[:2], kept + ending])
         diverge = common_prefix_len(served.tokens(edited), served.prompts[-1])
         other = chat(3, system=system, users=[*USERS[:2], "Zebra."])
         content_start = common_prefix_len(served.tokens(other), served.prompts[-1])
-        assert diverge > content_start + 100
+        assert diverge > content_start + len(words) // 2
         accepted, _, _ = served.ask(edited)  # processed == the minimum
         assert accepted.reused_tokens >= diverge  # inside the message's text, not at its start
         assert accepted.reprocess_reason == ""
@@ -309,7 +313,7 @@ def test_h_an_edit_that_keeps_the_first_words_of_the_last_user_message(served: S
 def test_i_two_system_prompts_that_part_in_the_middle(served: Served) -> None:
     opening = "You are a coding agent. Tools: list_files, read_file, run. Keep answers short. "
     a, b = opening + "The date is 2026-03-01 and the directory is /srv/alpha.", opening + "The date is 2026-03-02."
-    users_a = [LONG_USER, *USERS[1:]]
+    users_a = [long_user(served), *USERS[1:]]
     for turn in (1, 2):
         served.ask(chat(turn, system=a, users=users_a))
         accepted, _, _ = served.ask(chat(turn, system=b))
