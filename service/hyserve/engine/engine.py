@@ -13,9 +13,9 @@ Each iteration of the loop:
 Invariant I1 (ARCHITECTURE.md): a slot's token list `tokens` always equals what its memory holds.
 Memory only changes in `forward` (which advances every memory of the call, or none when it raises)
 and in the `Slot` methods that move bookkeeping with it (truncate, restore, load); `Slot.commit`
-follows every successful forward, so both always change together. I2: checkpoints past a slot's
-new resume point are dropped before it is processed. I3: a checkpoint is made only after the
-forward that reached its position has been committed.
+follows every successful forward, so both always change together. I2: checkpoints and kept inputs
+past a slot's new resume point are dropped before it is processed. I3: a checkpoint is made, and a
+forward's kept inputs recorded, only after that forward has been committed.
 A sampled token is only added to memory when it is evaluated in the next step: when a task stops on
 it, the slot holds prompt + completion[:-1].
 
