@@ -11,24 +11,33 @@ turn's answer):
   user message arrives (Qwen3.5 style), so each new prompt diverges inside the previous one;
 - `edit_last_user`: the last user message is rewritten, twice;
 - `regenerate`: the same conversation is sent again, twice;
-- `interleaved`: two conversations take turns on the one slot.
+- `interleaved`: two conversations take turns on the one slot;
+- `edit_keep_words`: the last user message rewritten keeping its first ~40 % of words, three times;
+- `system_prompts_part`: two conversations whose system prompts share a long opening and part in
+  the middle (a date, a working directory), interleaved on the one slot;
+- `regenerate_from_answer`: the same prompt followed by the first tokens of the previous answer
+  (regenerate from a point inside it), token input;
+- `follow_up_repeats_answer`: the next prompt's assistant text is the previous answer decoded and
+  re-rendered, so it repeats the generated tokens and parts from them where the text tokenizes
+  otherwise.
 
 For every request: tokens processed (Finished.usage) and the minimum = prompt length minus its
 longest common prefix with any sequence the server evaluated before (earlier prompts plus their
 generated tokens), 0 for an exact resend of an earlier prompt. Prompts are tokenized in-process
 with the server's own template and tokenizer code. Prints JSON and writes JSON + PNG.
 
-    python bench/agent_replay.py [--model default|PATH] [--name NAME] [--gen 8] [--threads 2]
+    python bench/agent_replay.py [--model default|PATH] [--name NAME] [--gen 8] [--threads 2] [--swa-cache ring]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +51,10 @@ from hyserve.model.loader import load_model
 from hyserve_client import Accepted, Delta, Finished, HyserveClient
 
 Message = dict[str, Any]
+# A request: chat messages, or a function of the previous request (its prompt tokens, answer tokens,
+# messages, and the tokenizer) giving token ids or messages
+FollowUp = Callable[[list[int], list[int], list[Message], Any], "list[int] | list[Message]"]
+Request = list[Message] | FollowUp
 
 SYSTEM = (
     "You are a coding agent working in a Python repository. You can call these tools by writing "
@@ -95,6 +108,11 @@ ANSWERS = [
 ]
 
 
+PASTED_LOG = "Why does this run fail? Here is the log:\n" + "\n".join(
+    f"tests/test_cache_plan.py::test_case_{i} {'FAILED' if i % 9 == 4 else 'PASSED'} [{i * 3}%]" for i in range(30)
+)
+
+
 def tool_loop(turns: int) -> list[list[Message]]:
     convo: list[Message] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
     out = [list(convo)]
@@ -122,7 +140,28 @@ def rotated(k: int, n: int = 3) -> list[str]:
     return [QUESTIONS[(k + i) % len(QUESTIONS)] for i in range(n)]
 
 
-def scenarios() -> dict[str, list[list[Message]]]:
+def keep_words(text: str, fraction: float, ending: str) -> str:
+    """The text up to the end of its first `fraction` of words (as written), then `ending`."""
+    words = list(re.finditer(r"\S+", text))
+    return text[: words[max(1, round(len(words) * fraction)) - 1].end()] + ending
+
+
+def regenerate_from(k: int) -> FollowUp:
+    """The previous prompt and the first k tokens of its answer, as token ids."""
+    return lambda prompt, answer, _messages, _tok: [*prompt, *answer[:k]]
+
+
+def follow_up_with_answer(question: str) -> FollowUp:
+    """The previous conversation, its answer decoded as the assistant message, then a new question."""
+
+    def build(prompt: list[int], answer: list[int], messages: list[Message], tok: Any) -> list[Message]:
+        text = tok.decode(answer)
+        return [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": question}]
+
+    return build
+
+
+def scenarios() -> dict[str, list[Request]]:
     """Each scenario opens with its own question order (same agent, same system prompt)."""
     chat3 = chat_turns(rotated(1))
     edited = [
@@ -132,24 +171,49 @@ def scenarios() -> dict[str, list[list[Message]]]:
     again = chat_turns(rotated(2))
     a = chat_turns(rotated(3))
     b = chat_turns(["List the RPCs the service defines; which one streams?", QUESTIONS[2], QUESTIONS[0]])
+    # the new scenarios' system prompts add a line each: their prompts never repeat an earlier
+    # scenario's exactly (the minimum of an exact repeat is 0)
+    # the last question pastes a test log: long enough that its first words lie beyond what a ring
+    # window cache still holds when the edits come
+    chat4 = chat_turns([*rotated(0, 3), PASTED_LOG], SYSTEM + "\nStyle: one paragraph.")
+    rewrites = [
+        [*chat4[-1][:-1], {"role": "user", "content": keep_words(PASTED_LOG, 0.4, ending)}]
+        for ending in (" Which test failed first?", " Ignore the warnings; why is it slow?", " Summarise it.")
+    ]
+    opening = SYSTEM + "\nWorking directory: /home/agent/projects/"
+    sys_a, sys_b = opening + "hyserve (date 2026-03-01).", opening + "kernels (date 2026-03-02)."
+    pa, pb = chat_turns(rotated(1), sys_a), chat_turns(rotated(2), sys_b)
+    regen = chat_turns(rotated(3, 2), SYSTEM + "\nFormat: a list.")[-1]
+    follow = chat_turns(rotated(0, 1), SYSTEM + "\nOutput: code first.")[-1]
     return {
         "agent_append": tool_loop(4),
         "reasoning_stripped": chat_turns(QUESTIONS),
         "edit_last_user": [*chat3, *edited],
         "regenerate": [*again, again[-1], again[-1]],
         "interleaved": [m for pair in zip(a, b) for m in pair],
+        "edit_keep_words": [*chat4, *rewrites],
+        "system_prompts_part": [m for pair in zip(pa, pb) for m in pair],
+        "regenerate_from_answer": [regen, regenerate_from(6), regen, regenerate_from(3)],
+        "follow_up_repeats_answer": [follow, follow_up_with_answer(QUESTIONS[1]), follow_up_with_answer(QUESTIONS[2])],
     }
 
 
 def replay(target: str, ledger: Ledger, gen: int) -> list[dict]:
     rows = []
+    tokenizer = ledger.model.tokenizer
     with HyserveClient(target) as client:
         for name, requests in scenarios().items():
-            for turn, messages in enumerate(requests, 1):
-                prompt = ledger.tokens(messages)
+            prompt, generated, messages = [], [], []
+            for turn, request in enumerate(requests, 1):
+                made = request(prompt, generated, messages, tokenizer) if callable(request) else request
+                if made and isinstance(made[0], dict):
+                    messages = list(made)
+                    prompt, kwargs = ledger.tokens(messages), {"messages": messages}
+                else:
+                    prompt, kwargs = list(made), {"token_ids": list(made)}
                 minimum = ledger.minimum(prompt)
                 start = time.perf_counter()
-                events = list(client.generate(messages=messages, max_tokens=gen, ignore_eos=True))
+                events = list(client.generate(max_tokens=gen, ignore_eos=True, **kwargs))
                 seconds = time.perf_counter() - start
                 accepted, finished = events[0], events[-1]
                 assert isinstance(accepted, Accepted) and isinstance(finished, Finished)
@@ -164,6 +228,7 @@ def replay(target: str, ledger: Ledger, gen: int) -> list[dict]:
                         "prompt_tokens": len(prompt),
                         "reused": accepted.reused_tokens,
                         "source": accepted.reuse_source.value,
+                        "reason": accepted.reprocess_reason,
                         "processed": processed,
                         "minimum": minimum,
                         "ratio": processed / minimum if minimum else (1.0 if processed == 0 else float("inf")),
@@ -219,6 +284,8 @@ def main() -> None:
     ap.add_argument("--name", default="agent_replay_gemma3_270m", help="output file name (without extension)")
     ap.add_argument("--gen", type=int, default=8, help="tokens generated per request")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--swa-cache", choices=("full", "ring"), default="full", help="the server's --swa-cache")
+    ap.add_argument("--replay-memory", type=int, default=None, help="the server's --replay-memory (MiB)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -227,7 +294,9 @@ def main() -> None:
         template.write_text(CHAT_TEMPLATE)
         model = load_model(args.model, template)
         server_args = ["--model", args.model, "--chat-template", str(template), "--parallel", "1"]
-        server_args += ["--ctx-size", "4096", "--threads", str(args.threads)]
+        server_args += ["--ctx-size", "4096", "--threads", str(args.threads), "--swa-cache", args.swa_cache]
+        if args.replay_memory is not None:
+            server_args += ["--replay-memory", str(args.replay_memory)]
         start = time.perf_counter()
         with running_server(Path(tmp) / "server.log", *server_args) as target:
             rows = replay(target, Ledger(model), args.gen)
@@ -237,6 +306,8 @@ def main() -> None:
     result = {
         "model": f"{model.gguf.architecture} {model.path.name}",
         "threads": args.threads,
+        "swa_cache": args.swa_cache,
+        "replay_memory_mib": args.replay_memory,
         "gen_tokens_per_request": args.gen,
         "wall_s": round(wall, 1),
         "scenarios": summarise(rows),
@@ -246,6 +317,9 @@ def main() -> None:
             "checkpoints_created": stats.counters.checkpoints_created,
             "checkpoints_evicted": stats.counters.checkpoints_evicted,
             "prefix_store_hits": stats.counters.prefix_store_hits,
+            "replays": stats.counters.replays,
+            "replayed_tokens": stats.counters.replayed_tokens,
+            "input_blocks_evicted": stats.counters.input_blocks_evicted,
             "reprocessed_tokens_by_reason": stats.counters.reprocessed_tokens_by_reason,
             "full_reprocess_by_reason": stats.counters.full_reprocess_by_reason,
         },

@@ -13,14 +13,17 @@ from hyserve.engine.cache_plan import (
     CheckpointKind,
     CheckpointView,
     EvictionCandidate,
+    LogBlockView,
     MemoryKind,
     SlotCandidate,
     StoreCandidate,
     checkpoint_schedule,
     choose_evictions,
+    choose_log_evictions,
     common_prefix_len,
     plan_admissions,
     plan_resume,
+    replay_reach,
     subsumes,
 )
 from hyserve.engine.task import ReuseSource
@@ -306,3 +309,99 @@ def test_subsumes() -> None:
     assert not subsumes(recurrent(new, CP(40)), recurrent(old, CP(40, True)))
     assert subsumes(recurrent(new, CP(20), CP(40, True)), recurrent(old, CP(20), CP(40, True)))
     assert subsumes(recurrent(old), recurrent(old))
+
+
+# --- replays of kept inputs ----------------------------------------------------------------------
+
+
+def logged(tokens: list[int], runs: tuple[tuple[int, int], ...], *cps: CheckpointView) -> CachedView:
+    return CachedView(tokens, len(tokens), cps, runs)
+
+
+@pytest.mark.parametrize(
+    ("case", "cached", "prompt", "expect"),
+    [
+        # (resume, source, restore, replay_from, reason)
+        (
+            "divergence inside a message: replay from the checkpoint before it",
+            logged(T_AFTER, ((0, 119),), CP(3), CP(60), CP(100, True)),
+            P100[:75] + seq(10, 5000),
+            (75, CHECKPOINT, 60, 60, None),
+        ),
+        (
+            "a run from position 0 needs no checkpoint",
+            logged(T_AFTER, ((0, 119),)),
+            P100[:75] + seq(10, 5000),
+            (75, CHECKPOINT, None, 0, None),
+        ),
+        (
+            "inside the generated tokens (an assistant text that repeats them, then differs)",
+            logged(T_AFTER, ((0, 119),), CP(60), CP(100, True)),
+            P100 + GEN[:7] + seq(5, 5000),
+            (107, CHECKPOINT, 100, 100, None),
+        ),
+        (
+            "a prompt that is a prefix of T: the last token is evaluated (a replay has no logits)",
+            logged(T_AFTER, ((0, 119),), CP(60), CP(100, True)),
+            P100 + GEN[:7],
+            (106, CHECKPOINT, 100, 100, "no_stored_logits"),
+        ),
+        (
+            "a run with no base inside it reaches nothing",
+            logged(T_AFTER, ((70, 119),), CP(60), CP(100, True)),
+            P100[:75] + seq(10, 5000),
+            (60, CHECKPOINT, 60, None, "inputs_not_kept"),
+        ),
+        (
+            "a gap in the run stops the replay at the gap",
+            logged(T_AFTER, ((0, 50), (52, 119)), CP(3), CP(60)),
+            P100[:55] + seq(10, 5000),
+            (50, CHECKPOINT, 3, 3, "inputs_not_kept"),
+        ),
+        (
+            "a plain checkpoint at the divergence wins the tie (nothing to replay)",
+            logged(T_AFTER, ((0, 119),), CP(60)),
+            P100[:60] + seq(10, 5000),
+            (60, CHECKPOINT, 60, None, None),
+        ),
+        (
+            "a pure extension keeps the live end",
+            logged(T_AFTER, ((0, 119),), CP(60)),
+            T_AFTER + seq(3, 5000),
+            (119, LIVE, None, None, None),
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_plan_resume_with_kept_inputs(case: str, cached: CachedView, prompt: list[int], expect: tuple) -> None:
+    plan = plan_resume(cached, prompt)
+    assert (plan.resume, plan.source, plan.restore, plan.replay_from, plan.reason) == expect, case
+    assert not plan.from_logits and all(p > plan.resume for p in plan.invalidate)
+
+
+def test_a_store_entry_replays_too() -> None:
+    entry = logged(T_AFTER, ((0, 119),), CP(60))
+    plan = plan_resume(entry, P100[:75] + seq(3, 5000), from_store=True)
+    assert (plan.resume, plan.source, plan.restore, plan.replay_from) == (75, STORE, 60, 60)
+
+
+def test_replay_reach() -> None:
+    view = logged(T_AFTER, ((0, 50), (52, 119)), CP(3), CP(60), CP(100))
+    assert replay_reach(view) == [(0, 0, 2), (3, 3, 50), (60, 60, 99), (100, 100, 119)]
+
+
+def test_log_eviction_drops_the_middle_then_the_newest_turns_and_keeps_the_head_longest() -> None:
+    cps = {0: [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120]}
+    blocks = [LogBlockView(0, s, s + 10, 100, turn=s // 40) for s in range(0, 130, 10)]
+    # head: the empty state and the first 3 checkpoints; tail: the last 8; 40 is the only middle base
+    order = [b.start for b in choose_log_evictions(blocks, cps, 0)]
+    assert order == [40, 50, 60, 70, 80, 90, 100, 110, 120, 0, 10, 20, 30]  # then older turns, earlier positions
+    assert choose_log_evictions(blocks, cps, 1300) == []
+    assert [b.start for b in choose_log_evictions(blocks, cps, 1150)] == [40, 50]
+
+
+def test_subsumes_counts_replays() -> None:
+    old = logged(P100, ((0, 100),), CP(50))
+    assert subsumes(logged(T_AFTER, ((0, 119),), CP(50)), old)
+    assert not subsumes(recurrent(T_AFTER, CP(50), CP(100)), old)  # 60 was reachable in old only
+    assert not subsumes(logged(T_AFTER, ((0, 60), (61, 119)), CP(50)), old)

@@ -195,8 +195,7 @@ def test_d_an_identical_resend_evaluates_nothing(served: Served) -> None:
 
 
 def test_e_two_conversations_alternating_on_one_slot_process_only_new_tokens(served: Served) -> None:
-    # different system messages (a divergence inside a message's text is only exact on attention
-    # memory: recurrent state resumes at the last boundary before it)
+    # different system messages (test_i: system prompts that part inside their text)
     a = "Zebra persona: plan trips."
     b = "Quokka persona: review code."
     for turn in range(1, 4):
@@ -274,6 +273,75 @@ def test_g_a_cancelled_queued_task_changes_nothing_for_the_active_one(served: Se
     after = stats(served.target).counters
     assert after.prompt_tokens_received - before.prompt_tokens_received == len(prompt)  # the queued one never ran
     served.record(prompt, generated)
+
+
+# --- prompts that part inside a message: exact on every memory kind (kept inputs, replays) ----------
+
+
+def ask_tokens(served: Served, prompt: list[int], n: int = GEN) -> tuple[Accepted, list[int], Finished]:
+    """A token-input request that must process exactly the minimum and answer as a cache-free run."""
+    expected = served.minimum(prompt)
+    accepted, generated, finished = run(served.target, n, token_ids=prompt)
+    assert finished.usage.processed_prompt_tokens == expected, (served.kind, accepted, expected)
+    assert accepted.reused_tokens == len(prompt) - expected
+    assert generated == served.reference(prompt, n), "the cache changed an answer (I4)"
+    served.record(prompt, generated)
+    return accepted, generated, finished
+
+
+def long_user(served: Served) -> str:
+    """A user message; for the ring window cache long enough (~700 tokens) that the ring no longer
+    holds what its first words saw (the full cache reaches everything anyway: shorter, faster)."""
+    steps = 60 if served.kind == "gemma3-ring" else 12
+    return " ".join(f"Step {i}: open file_{i}.py and count its lines." for i in range(steps))
+
+
+def test_h_an_edit_that_keeps_the_first_words_of_the_last_user_message(served: Served) -> None:
+    system = "Edit persona: answer in one line."
+    text = long_user(served)
+    served.ask(chat(3, system=system, users=[*USERS[:2], text]))
+    words = text.split()
+    kept = " ".join(words[: len(words) * 2 // 5])  # the first 40 % of the words, then a new ending
+    for ending in (" Then stop and report.", " Skip the tests folder, please."):
+        edited = chat(3, system=system, users=[*USERS[:2], kept + ending])
+        diverge = common_prefix_len(served.tokens(edited), served.prompts[-1])
+        other = chat(3, system=system, users=[*USERS[:2], "Zebra."])
+        content_start = common_prefix_len(served.tokens(other), served.prompts[-1])
+        assert diverge > content_start + len(words) // 2
+        accepted, _, _ = served.ask(edited)  # processed == the minimum
+        assert accepted.reused_tokens >= diverge  # inside the message's text, not at its start
+        assert accepted.reprocess_reason == ""
+
+
+def test_i_two_system_prompts_that_part_in_the_middle(served: Served) -> None:
+    opening = "You are a coding agent. Tools: list_files, read_file, run. Keep answers short. "
+    a, b = opening + "The date is 2026-03-01 and the directory is /srv/alpha.", opening + "The date is 2026-03-02."
+    users_a = [long_user(served), *USERS[1:]]
+    for turn in (1, 2):
+        served.ask(chat(turn, system=a, users=users_a))
+        accepted, _, _ = served.ask(chat(turn, system=b))
+        if turn == 1:  # b resumes where the two system prompts part, inside their text
+            shared = common_prefix_len(served.tokens(chat(1, system=a)), served.tokens(chat(1, system=b)))
+            assert accepted.reused_tokens == shared > 10
+
+
+def test_j_a_regenerate_that_keeps_the_first_tokens_of_the_old_answer(served: Served) -> None:
+    prompt = served.tokens(chat(1, system="Regenerate persona."))
+    _, first, _ = ask_tokens(served, prompt, 8)
+    # regenerate from a kept part of the answer: the state inside the generated tokens is reached
+    accepted, _, finished = ask_tokens(served, [*prompt, *first[:4]], 8)
+    assert finished.usage.processed_prompt_tokens == 1 and accepted.reused_tokens == len(prompt) + 3
+    assert accepted.reprocess_reason == "no_stored_logits"  # a replay gives no logits: the last token is evaluated
+
+
+def test_k_a_follow_up_whose_assistant_text_repeats_the_generated_tokens(served: Served) -> None:
+    prompt = served.tokens(chat(1, system="Follow-up persona."))
+    _, answer, _ = ask_tokens(served, prompt, 8)
+    # the client re-renders the answer: its first 5 tokens match, then the text tokenizes otherwise
+    tail = [t for t in served.tokens([{"role": "user", "content": USERS[3]}])[-12:] if t != answer[5]]
+    follow = [*prompt, *answer[:5], *tail]
+    accepted, _, _ = ask_tokens(served, follow)
+    assert accepted.reused_tokens == len(prompt) + 5
 
 
 def test_cache_stats_report_checkpoints_and_the_store(served: Served) -> None:

@@ -1,15 +1,17 @@
 """Cache transparency (I4) as a property: random request sequences never see the cache.
 
 Hypothesis draws sequences of Generate requests - new prompts, extensions of earlier requests
-(with their generated tokens), edits at random positions, identical resends, interleaved
+(with their generated tokens), edits at random positions, rewrites that keep a random part of a
+message (or of an answer) and go on differently, identical resends, interleaved
 conversations, random message boundaries and client checkpoint offsets, and cancels at random
 moments of queued and running tasks - and runs them on a real engine (tiny `qwen35`: recurrent
 and attention layers, real kernels) with small checkpoint and prefix-store budgets so eviction
-happens, on 1 and 2 slots. Every completed greedy request must return exactly the tokens and
+happens, on 1 and 2 slots, and a small budget of kept inputs (replays to any position inside a
+message; their eviction happens too). Every completed greedy request must return exactly the tokens and
 logprobs of the same request on a fresh engine that never reuses anything (`cache_prompt=False`).
 After each example the memory invariants are checked directly: each slot's memory, and every
-checkpoint of the slots and of the store, equals a fresh evaluation of the tokens it claims (I1,
-I2, I3).
+checkpoint of the slots and of the store, equals a fresh evaluation of the tokens it claims, and
+so does a replay of the kept inputs to the far end of each run they reach (I1, I2, I3).
 
 The engines live for the whole module, like a long-running server: examples build on the state
 earlier examples left behind.
@@ -28,9 +30,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hyserve.engine.cache_plan import CachedView, replay_reach
 from hyserve.engine.cancel import CancelSource
+from hyserve.engine.checkpoints import CheckpointList
 from hyserve.engine.engine import Engine, EngineConfig
 from hyserve.engine.generator import StopRule
+from hyserve.engine.input_log import InputLog
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.task import DeltaEvent, Event, FailedEvent, FinishedEvent, FinishReason, Task
 from hyserve.model.architectures.base import Logits, Segment
@@ -120,7 +125,16 @@ def attention_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_models.write_model(tmp_path_factory.mktemp("transparency") / "llama.gguf", "llama", qtype="q8_0")
 
 
-def _rig(path: Path, n_slots: int, checkpoints_kept: int = 3, device: str = "cpu") -> Iterator[Rig]:
+def input_bytes_per_token(model: LoadedModel) -> int:
+    """Bytes of kept inputs one position costs (what a forward records for one token)."""
+    seg = Segment(model.arch.new_memory(8), np.asarray([VOCAB_LO], dtype=np.int32), Logits.NONE, {})
+    model.arch.forward([seg])
+    return sum(a.nbytes for arrays in (seg.inputs or {}).values() for a in arrays)
+
+
+def _rig(
+    path: Path, n_slots: int, checkpoints_kept: int = 3, replay_tokens: int = 48, device: str = "cpu"
+) -> Iterator[Rig]:
     model = load_model(path, device=device)
     # budgets in units of one checkpoint (attention-only memory: logits only) so eviction happens
     snap_bytes = max(model.arch.new_memory(8).snapshot().nbytes, 4 * model.arch.n_vocab)
@@ -132,6 +146,7 @@ def _rig(path: Path, n_slots: int, checkpoints_kept: int = 3, device: str = "cpu
         checkpoint_interval=16,
         checkpoint_memory=checkpoints_kept * (snap_bytes + logits_bytes),  # eviction happens
         cache_memory=40 * snap_bytes,  # a few entries: store eviction happens
+        replay_memory=replay_tokens * input_bytes_per_token(model),  # kept inputs for this many positions
     )
     engine = Engine(model.arch, model.tokenizer, config)
     reference = Engine(model.arch, model.tokenizer, EngineConfig(n_slots=1, n_ctx=512, prompt_chunk=8, cache_memory=0))
@@ -172,7 +187,8 @@ tokens_st = st.lists(st.integers(VOCAB_LO, VOCAB_HI), min_size=1, max_size=40)
 
 @st.composite
 def request_st(draw: st.DrawFn, history: list[list[int]]) -> tuple[list[int], dict[str, object]]:
-    kind = draw(st.sampled_from(["new", "extend", "edit", "resend", "prefix"] if history else ["new"]))
+    kinds = ["new", "extend", "edit", "rewrite", "rewrite", "resend", "prefix"]
+    kind = draw(st.sampled_from(kinds if history else ["new"]))
     if kind == "new":
         prompt = draw(tokens_st)
     else:
@@ -182,6 +198,8 @@ def request_st(draw: st.DrawFn, history: list[list[int]]) -> tuple[list[int], di
         elif kind == "edit":
             at = draw(st.integers(0, len(base) - 1))
             prompt = [*base[:at], draw(st.integers(VOCAB_LO, VOCAB_HI)), *base[at + 1 :], *draw(tokens_st)[:8]]
+        elif kind == "rewrite":  # keeps the first words of a message (or answer), then goes on otherwise
+            prompt = base[: draw(st.integers(1, len(base)))] + draw(tokens_st)
         elif kind == "resend":
             prompt = list(base)
         else:
@@ -261,12 +279,26 @@ def check_memory_invariants(rig: Rig) -> None:
         for cp in slot.checkpoints:  # I2 + I3: a complete state of a prefix of T
             assert cp.position <= len(slot.tokens)
             assert same_states(cp.snapshot, fresh_state(rig, slot.tokens[: cp.position]).snapshot())
+        check_replays(rig, slot.tokens, slot.checkpoints, slot.log)
     for entry in list(engine.store._entries.values()):
         assert entry.image.n_tokens == len(entry.tokens)
         assert same_states(entry.image.live, fresh_state(rig, entry.tokens).snapshot())
         for cp in entry.checkpoints:
             assert cp.position <= len(entry.tokens)
             assert same_states(cp.snapshot, fresh_state(rig, entry.tokens[: cp.position]).snapshot())
+        check_replays(rig, list(entry.tokens), entry.checkpoints, entry.log)
+
+
+def check_replays(rig: Rig, tokens: list[int], checkpoints: CheckpointList, log: InputLog) -> None:
+    """Kept inputs describe positions of the sequence's own tokens (I2): replaying them from each
+    base to the far end of what it reaches gives a fresh evaluation's state."""
+    runs = log.runs()
+    assert all(end <= len(tokens) for _, end in runs)
+    view = CachedView(tokens, len(tokens), checkpoints.views(), runs)
+    for base, _, last in replay_reach(view):
+        memory = fresh_state(rig, tokens[:base])  # what the checkpoint at base holds (checked above)
+        rig.model.arch.replay(memory, log.rows(base, last))
+        assert same_states(memory.snapshot(), fresh_state(rig, tokens[:last]).snapshot()), "replay != fresh (I1)"
 
 
 # --- the properties ------------------------------------------------------------------------------
@@ -311,3 +343,6 @@ def test_the_runs_exercised_the_cache(rig1: Rig, rig2: Rig, attention_rig: Rig) 
         assert c.restores > 0 and c.checkpoints_evicted > 0 and c.checkpoints_invalidated > 0
         assert c.prefix_store_hits > 0 and c.prompt_tokens_reused > 0
         assert c.full_reprocess_by_reason and c.reprocessed_tokens_by_reason
+    for rig in (rig1, rig2):  # replays inside messages happened, and kept inputs were evicted
+        c = rig.engine.stats().counters
+        assert c.replays > 0 and c.replayed_tokens > c.replays and c.input_blocks_evicted > 0

@@ -58,12 +58,14 @@ def test_generation_equals_in_process_and_extension_resumes_live_state(hybrid) -
     assert second == reference(path, extended, 6)
 
 
-def test_an_edited_prompt_starts_over_and_gives_the_same_answer(hybrid) -> None:
+def test_an_edited_prompt_resumes_at_the_edit_and_gives_the_same_answer(hybrid) -> None:
     path, target = hybrid
     generate(target, PROMPT, 4)
     edited = [*PROMPT[:20], 7, 7, 7, *PROMPT[23:]]
-    accepted, tokens, _ = generate(target, edited, 6)
-    assert accepted.reused_tokens == 0 and accepted.matched_tokens >= 20
+    # no checkpoint before the edit but the empty state: the kept inputs are replayed from there
+    accepted, tokens, finished = generate(target, edited, 6)
+    assert accepted.reused_tokens == accepted.matched_tokens == 20 and accepted.reprocess_reason == ""
+    assert finished.usage.processed_prompt_tokens == len(edited) - 20
     assert tokens == reference(path, edited, 6)
 
 

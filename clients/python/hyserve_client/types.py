@@ -133,6 +133,7 @@ class Accepted:
     reused_tokens: int
     reuse_source: ReuseSource
     matched_tokens: int
+    reprocess_reason: str = ""  # why matched tokens were evaluated again (empty: they were not)
 
     @classmethod
     def from_proto(cls, m: pb.Accepted) -> Accepted:
@@ -143,6 +144,7 @@ class Accepted:
             reused_tokens=m.reused_tokens,
             reuse_source=enum_from_proto(ReuseSource, m.reuse_source),
             matched_tokens=m.matched_tokens,
+            reprocess_reason=m.reprocess_reason,
         )
 
 
@@ -338,6 +340,9 @@ class CacheCounters:
     prefix_store_misses: int = 0
     reprocessed_tokens_by_reason: dict[str, int] = field(default_factory=dict)
     prefix_store_evicted: int = 0
+    replays: int = 0
+    replayed_tokens: int = 0
+    input_blocks_evicted: int = 0
 
     @classmethod
     def from_proto(cls, m: pb.CacheCounters) -> CacheCounters:
@@ -354,6 +359,9 @@ class CacheCounters:
             prefix_store_misses=m.prefix_store_misses,
             reprocessed_tokens_by_reason=dict(sorted(m.reprocessed_tokens_by_reason.items())),
             prefix_store_evicted=m.prefix_store_evicted,
+            replays=m.replays,
+            replayed_tokens=m.replayed_tokens,
+            input_blocks_evicted=m.input_blocks_evicted,
         )
 
 

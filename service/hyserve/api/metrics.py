@@ -122,6 +122,11 @@ class StatsCollector(Collector):
         yield counter("prefix_store_hits", "Store lookups that found a usable entry.", c.prefix_store_hits)
         yield counter("prefix_store_misses", "Store lookups that found nothing usable.", c.prefix_store_misses)
         yield counter("prefix_store_evicted", "Store entries dropped for the byte budget.", c.prefix_store_evicted)
+        yield counter("cache_replays", "Resumes that replayed kept per-token inputs.", c.replays)
+        yield counter("cache_replayed_tokens", "Positions reached by replays (no forward pass).", c.replayed_tokens)
+        yield counter(
+            "input_blocks_evicted", "Blocks of kept per-token inputs dropped for the budget.", c.input_blocks_evicted
+        )
 
 
 def serve_metrics(

@@ -75,6 +75,7 @@ class ServeConfig:
     checkpoint_memory_mib: int = 1024
     checkpoint_interval: int = 1024
     cache_memory_mib: int = 2048
+    replay_memory_mib: int = 1024
     metrics_port: int | None = None
     swa_cache: str = "full"
     replica_id: str | None = None
@@ -99,6 +100,7 @@ class ServeConfig:
             checkpoint_memory_mib=args.checkpoint_memory,
             checkpoint_interval=args.checkpoint_interval,
             cache_memory_mib=args.cache_memory,
+            replay_memory_mib=args.replay_memory,
             metrics_port=args.metrics_port,
             swa_cache=args.swa_cache,
             drain_seconds=args.drain_seconds,
@@ -136,6 +138,13 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--http-port", type=int, default=None, help="also serve the OpenAI-compatible HTTP API on this port (0: any)"
     )
+    p.add_argument(
+        "--replay-memory",
+        type=int,
+        default=1024,
+        metavar="MIB",
+        help="budget of kept per-token recurrent/ring inputs, to resume exactly anywhere in them (0: off)",
+    )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
     p.add_argument("--replica-id", default=None, help="this replica's name in the metrics' labels (default: hostname)")
     p.add_argument(
@@ -154,7 +163,7 @@ def run_serve(args: argparse.Namespace) -> int:
     for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk"):
         if getattr(config, name) < 1:
             raise SystemExit(f"hyserve serve: --{name.replace('_', '-')} must be >= 1")
-    for name in ("queue_size", "checkpoint_memory_mib", "checkpoint_interval", "cache_memory_mib"):
+    for name in ("queue_size", "checkpoint_memory_mib", "checkpoint_interval", "cache_memory_mib", "replay_memory_mib"):
         if getattr(config, name) < 0:
             flag = name.removesuffix("_mib").replace("_", "-")
             raise SystemExit(f"hyserve serve: --{flag} must be >= 0")
@@ -221,6 +230,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
             checkpoint_memory=config.checkpoint_memory_mib << 20,
             checkpoint_interval=config.checkpoint_interval,
             cache_memory=config.cache_memory_mib << 20,
+            replay_memory=config.replay_memory_mib << 20,
             window_ring=config.swa_cache == "ring",
         ),
     )

@@ -164,6 +164,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
                     reused_tokens=event.reused_tokens,
                     reuse_source=_REUSE[event.reuse_source],
                     matched_tokens=event.matched_tokens,
+                    reprocess_reason=event.reprocess_reason,
                 )
             )
         if isinstance(event, DeltaEvent):
@@ -257,6 +258,9 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
                 prefix_store_misses=c.prefix_store_misses,
                 reprocessed_tokens_by_reason=c.reprocessed_tokens_by_reason,
                 prefix_store_evicted=c.prefix_store_evicted,
+                replays=c.replays,
+                replayed_tokens=c.replayed_tokens,
+                input_blocks_evicted=c.input_blocks_evicted,
             ),
         )
 

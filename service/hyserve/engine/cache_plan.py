@@ -6,17 +6,22 @@ ARCHITECTURE.md "The prompt cache" is the specification. Words used here:
   after exactly the first `position` tokens of `T`, optionally with the logits after token
   `position - 1`;
 - `live_floor`: the smallest position the live memory reaches by truncation alone (0 for a plain
-  KV cache, `len(T)` for recurrent state, in between for a ring-buffer window cache).
+  KV cache, `len(T)` for recurrent state, in between for a ring-buffer window cache);
+- kept inputs ("logged" positions): for a run of positions, what each recurrent layer's kernels
+  consumed there (and a ring layer's keys/values), so the state at any position inside the run is
+  recomputed from a checkpoint at or before it (or from the empty state at 0) by those kernels
+  alone, bit for bit (a "replay").
 
 `plan_resume` picks where a prompt resumes on one cached sequence, `plan_admissions` picks the
 slot (and prefix-store entry) for each queued prompt, `checkpoint_schedule` says where checkpoints
-are taken while a prompt is processed, `choose_evictions` keeps checkpoints within a byte budget,
-and `subsumes` tells when a store entry is made redundant by a newer one.
+are taken while a prompt is processed, `choose_evictions` / `choose_log_evictions` keep
+checkpoints and kept inputs within their byte budgets, and `subsumes` tells when a store entry is
+made redundant by a newer one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -30,15 +35,18 @@ __all__ = [
     "CheckpointKind",
     "CheckpointView",
     "EvictionCandidate",
+    "LogBlockView",
     "MemoryKind",
     "ResumePlan",
     "SlotCandidate",
     "StoreCandidate",
     "checkpoint_schedule",
     "choose_evictions",
+    "choose_log_evictions",
     "common_prefix_len",
     "plan_admissions",
     "plan_resume",
+    "replay_reach",
     "subsumes",
 ]
 
@@ -101,6 +109,22 @@ class CachedView:
     tokens: Sequence[int]
     live_floor: int  # truncating the live memory to any n in [live_floor, len(tokens)] is exact
     checkpoints: Sequence[CheckpointView] = ()
+    logged: Sequence[tuple[int, int]] = ()  # maximal runs [start, end) of positions whose inputs are kept
+
+
+def replay_reach(view: CachedView) -> list[tuple[int, int, int]]:
+    """(base, first, last): every position in [first, last] is reached by replaying kept inputs from
+    `base` (a checkpoint position, or 0: the empty state) on; base == first, the nearest base for the
+    positions up to the next one. Positions reached by a checkpoint alone are included."""
+    cps = sorted(cp.position for cp in view.checkpoints)
+    out: list[tuple[int, int, int]] = []
+    for start, end in view.logged:
+        bases = ([0] if start == 0 else []) + [c for c in cps if start <= c <= end]
+        for i, b in enumerate(bases):
+            last = bases[i + 1] - 1 if i + 1 < len(bases) else end
+            if last >= b:
+                out.append((b, b, last))
+    return out
 
 
 @dataclass(frozen=True)
@@ -109,6 +133,7 @@ class ResumePlan:
     resume: int  # r: prompt[:r] is kept, prompt[r:] is evaluated
     source: ReuseSource
     restore: int | None = None  # position of the checkpoint to restore (None: keep/truncate the live memory)
+    replay_from: int | None = None  # replay kept inputs from this position (the restored checkpoint, or 0: empty)
     from_logits: bool = False  # r == len(prompt): the first token is sampled from the checkpoint's logits
     invalidate: tuple[int, ...] = ()  # checkpoint positions past r: no longer prefixes of T once T = prompt[:r]
     reason: str | None = None  # why matched tokens are evaluated again (matched > resume), or why r == 0
@@ -125,8 +150,10 @@ def plan_resume(
     """The resume point r for `prompt` on `cached`: the largest position <= L reachable exactly.
 
     Reachable: any n in [live_floor, len(T)] by truncating the live memory; any checkpoint
-    position. At least one prompt token is evaluated unless a checkpoint at len(prompt) holds the
-    logits to sample from. Ties go to the live memory (nothing to copy).
+    position; any position inside a run of kept inputs that starts at a checkpoint or at 0 (by a
+    replay from there). At least one prompt token is evaluated unless a checkpoint at len(prompt)
+    holds the logits to sample from. Ties go to the live memory (nothing to copy), then to a plain
+    checkpoint (nothing to replay).
     """
     if not prompt:
         raise ValueError("empty prompt")
@@ -146,6 +173,12 @@ def plan_resume(
         usable = cp.position <= matched and (cp.position < n or cp.has_logits)
         if usable and cp.position > resume:
             resume, source, restore, from_logits = cp.position, cp_source, cp.position, cp.position == n
+    replay_from: int | None = None
+    for base, first, last in replay_reach(cached):
+        target = min(last, matched, n - 1)  # a replay gives no logits: the last prompt token is evaluated
+        if first <= target and target > resume:
+            resume, source, from_logits, replay_from = target, cp_source, False, base
+            restore = base if base > 0 else None
     invalidate = tuple(p for p in every if p > resume)
 
     reason: str | None = None
@@ -160,8 +193,11 @@ def plan_resume(
             reason = "no_checkpoint"
     elif resume < matched:
         live_blocked = cached.live_floor > live_max
-        reason = "no_checkpoint_at_divergence" if live_blocked and matched < n else "no_stored_logits"
-    return ResumePlan(matched, resume, source, restore, from_logits, invalidate, reason)
+        if not (live_blocked and matched < n):
+            reason = "no_stored_logits"
+        else:  # neither a checkpoint nor kept inputs reach the divergence
+            reason = "inputs_not_kept" if cached.logged else "no_checkpoint_at_divergence"
+    return ResumePlan(matched, resume, source, restore, replay_from, from_logits, invalidate, reason)
 
 
 # --- which slot and which store entry ------------------------------------------------------------
@@ -316,22 +352,85 @@ def choose_evictions(
     return out
 
 
+@dataclass(frozen=True)
+class LogBlockView:
+    """A block of kept inputs: positions [start, end) of one slot's tokens."""
+
+    owner: int  # slot index
+    start: int
+    end: int
+    nbytes: int
+    turn: int  # admission number of the task whose forward recorded it (larger = newer)
+
+
+def choose_log_evictions(
+    blocks: Sequence[LogBlockView],
+    checkpoints: Mapping[int, Sequence[int]],
+    budget: int,
+    keep_head: int = 3,
+    keep_tail: int = 8,
+) -> list[LogBlockView]:
+    """The blocks of kept inputs to drop so that the rest fit in `budget` bytes.
+
+    A block serves the positions after the nearest base before it (a checkpoint of its slot, or
+    0). The middle of a long history goes first; then blocks after one of the slot's last
+    `keep_tail` checkpoints (the newest messages and the last answer: edits, regenerates); blocks
+    after the empty state or one of the first `keep_head` checkpoints (a shared system prompt, where
+    every new conversation of the same agent parts) go last. Within each tier older turns go first,
+    then earlier positions.
+    """
+    tiers: dict[int, tuple[set[int], set[int]]] = {}
+    for owner, positions in checkpoints.items():
+        ordered = sorted(positions)
+        tiers[owner] = ({0, *ordered[:keep_head]}, set(ordered[len(ordered) - keep_tail :]))
+
+    def tier(b: LogBlockView) -> int:
+        cps = checkpoints.get(b.owner, ())
+        anchor = max((c for c in cps if c <= b.start), default=0)
+        head, tail = tiers.get(b.owner, ({0}, set()))
+        return 2 if anchor in head else 1 if anchor in tail else 0
+
+    total = sum(b.nbytes for b in blocks)
+    out: list[LogBlockView] = []
+    for b in sorted(blocks, key=lambda b: (tier(b), b.turn, b.start)):
+        if total <= budget:
+            break
+        out.append(b)
+        total -= b.nbytes
+    return out
+
+
+def _covered(intervals: Iterable[tuple[int, int]], first: int, last: int) -> bool:
+    """Whether the closed intervals cover every integer in [first, last]."""
+    at = first
+    for a, b in sorted(intervals):
+        if a > at:
+            break
+        at = max(at, b + 1)
+        if at > last:
+            return True
+    return at > last
+
+
 def subsumes(new: CachedView, old: CachedView) -> bool:
     """Whether `new` reaches every state `old` offers: old's tokens are a prefix of new's, and each
-    position old can resume at exactly (its live range, its checkpoints) is reachable in new too,
-    with logits wherever old has them."""
+    position old can resume at exactly (its live range, its checkpoints, its replays) is reachable
+    in new too, with logits wherever old has them."""
     n_old = len(old.tokens)
     if n_old > len(new.tokens) or common_prefix_len(new.tokens, old.tokens) < n_old:
         return False
     new_cps = {cp.position: cp.has_logits for cp in new.checkpoints}
+    new_reach = [(first, last) for _, first, last in replay_reach(new)] + [(new.live_floor, len(new.tokens))]
 
     def reachable(pos: int, with_logits: bool) -> bool:
         if with_logits:
             return new_cps.get(pos, False)
-        return new.live_floor <= pos or pos in new_cps
+        return pos in new_cps or _covered(new_reach, pos, pos)
 
     if old.live_floor < n_old and new.live_floor > old.live_floor:
         return False
     if not reachable(n_old, False) and n_old > 0:
         return False
-    return all(reachable(cp.position, cp.has_logits) for cp in old.checkpoints)
+    if not all(reachable(cp.position, cp.has_logits) for cp in old.checkpoints):
+        return False
+    return all(_covered(new_reach, first, last) for _, first, last in replay_reach(old))

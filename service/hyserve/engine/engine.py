@@ -13,9 +13,9 @@ Each iteration of the loop:
 Invariant I1 (ARCHITECTURE.md): a slot's token list `tokens` always equals what its memory holds.
 Memory only changes in `forward` (which advances every memory of the call, or none when it raises)
 and in the `Slot` methods that move bookkeeping with it (truncate, restore, load); `Slot.commit`
-follows every successful forward, so both always change together. I2: checkpoints past a slot's
-new resume point are dropped before it is processed. I3: a checkpoint is made only after the
-forward that reached its position has been committed.
+follows every successful forward, so both always change together. I2: checkpoints and kept inputs
+past a slot's new resume point are dropped before it is processed. I3: a checkpoint is made, and a
+forward's kept inputs recorded, only after that forward has been committed.
 A sampled token is only added to memory when it is evaluated in the next step: when a task stops on
 it, the slot holds prompt + completion[:-1].
 
@@ -40,16 +40,19 @@ from hyserve.engine.cache_plan import (
     CachedView,
     CheckpointKind,
     EvictionCandidate,
+    LogBlockView,
     MemoryKind,
     ResumePlan,
     SlotCandidate,
     checkpoint_schedule,
     choose_evictions,
+    choose_log_evictions,
     common_prefix_len,
     plan_admissions,
 )
 from hyserve.engine.cancel import CancelSource
 from hyserve.engine.checkpoints import Checkpoint, CheckpointList
+from hyserve.engine.input_log import InputLog
 from hyserve.engine.prefix_store import PrefixStore, StoredSequence
 from hyserve.engine.sampling import apply_penalties, log_softmax, sample
 from hyserve.engine.scheduler import BoundedFifo, QueueFullError, SlotWork, compose_batch
@@ -98,6 +101,7 @@ class EngineConfig:
     checkpoint_memory: int = 1 << 30  # bytes for all slots' checkpoints
     checkpoint_interval: int = 1024  # also checkpoint every this many tokens of a long prompt (0: off)
     cache_memory: int = 2 << 30  # bytes of the host-memory prefix store (0: off)
+    replay_memory: int = 1 << 30  # bytes of kept per-token inputs of all slots, for exact resumes (0: off)
     window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
 
     def __post_init__(self) -> None:
@@ -109,8 +113,8 @@ class EngineConfig:
             raise ValueError("queue_size must be >= 0")
         if self.prompt_chunk < 1:
             raise ValueError("prompt_chunk must be >= 1")
-        if self.checkpoint_memory < 0 or self.cache_memory < 0 or self.checkpoint_interval < 0:
-            raise ValueError("checkpoint_memory, cache_memory and checkpoint_interval must be >= 0")
+        if min(self.checkpoint_memory, self.cache_memory, self.checkpoint_interval, self.replay_memory) < 0:
+            raise ValueError("checkpoint_memory, cache_memory, checkpoint_interval and replay_memory must be >= 0")
 
 
 class DuplicateTaskError(RuntimeError):
@@ -164,6 +168,9 @@ class EngineCounters:
     prefix_store_hits: int = 0
     prefix_store_misses: int = 0
     prefix_store_evicted: int = 0
+    replays: int = 0  # resumes that replayed kept inputs
+    replayed_tokens: int = 0  # positions advanced by those replays (no forward pass)
+    input_blocks_evicted: int = 0  # blocks of kept inputs dropped for the byte budget
 
     def copy(self) -> EngineCounters:
         c = replace(self)
@@ -205,6 +212,7 @@ class Slot:
         self.kind = memory_kind(memory)
         self.tokens: list[int] = []
         self.checkpoints = CheckpointList()
+        self.log = InputLog()  # kept per-token inputs (replays reach any position inside a run)
         self.run: _Run | None = None
         self.last_used = 0
         self.last_prompt_len = 0  # the last task's prompt length: its generated tail starts there
@@ -221,13 +229,37 @@ class Slot:
 
     def load(self, entry: StoredSequence, n: int, cp: Checkpoint | None) -> None:
         """Become the first n tokens of a prefix-store entry (its state at n is its checkpoint `cp`,
-        or its live end); the entry's checkpoints up to n come along."""
+        or its live end); the entry's checkpoints and kept inputs up to n come along."""
         self.memory.load(entry.image, n, cp.snapshot if cp is not None else None)
         self.tokens = list(entry.tokens[:n])
         self.checkpoints = CheckpointList(entry.checkpoints.up_to(n))
+        self.log = entry.log.up_to(n)
+
+    def load_for_replay(self, entry: StoredSequence, base: int, cp: Checkpoint | None, end: int) -> None:
+        """Become the first `base` tokens of a prefix-store entry (its checkpoint `cp` at base, or
+        the empty state), with the entry's attention entries, checkpoints and kept inputs up to
+        `end`, ready for `replay(..., end)`."""
+        if cp is None:
+            self.memory.truncate(0)
+        else:
+            self.memory.load(entry.image, base, cp.snapshot)
+        self.memory.load_entries(entry.image, base, end)
+        self.tokens = list(entry.tokens[:base])
+        self.checkpoints = CheckpointList(entry.checkpoints.up_to(end))
+        self.log = entry.log.up_to(end)
+
+    def replay(self, arch: Architecture, tokens: Sequence[int], end: int) -> int:
+        """Advance from the current state (a restored checkpoint, or empty) to `end` tokens by
+        replaying kept inputs; `tokens` are the slot's tokens before it was brought back (their
+        first `end` are this state's). Returns the positions replayed."""
+        start = len(self.tokens)
+        arch.replay(self.memory, self.log.rows(start, end))
+        self.tokens.extend(tokens[start:end])
+        self.log.drop_after(end)
+        return end - start
 
     def candidate(self) -> SlotCandidate:
-        view = CachedView(self.tokens, self.memory.live_floor, self.checkpoints.views())
+        view = CachedView(self.tokens, self.memory.live_floor, self.checkpoints.views(), self.log.runs())
         return SlotCandidate(self.index, view, self.last_used)
 
     def commit(self, evaluated: Sequence[int]) -> None:
@@ -456,6 +488,7 @@ class Engine:
                     reused_tokens=run.plan.resume,
                     reuse_source=run.plan.source,
                     matched_tokens=run.plan.matched,
+                    reprocess_reason=run.plan.reason or "",
                 )
             )
             if run.first_logits is not None:  # resumed at the prompt end: its logits were stored
@@ -563,23 +596,32 @@ class Engine:
         return run
 
     def _apply_plan(self, slot: Slot, plan: ResumePlan) -> np.ndarray | None:
-        """Bring a slot to the plan's resume point (I2: checkpoints past it go). Returns the logits to
-        sample from when the plan resumes at the prompt end."""
+        """Bring a slot to the plan's resume point (I2: checkpoints and kept inputs past it go).
+        Returns the logits to sample from when the plan resumes at the prompt end."""
         dropped = slot.checkpoints.drop_after(plan.resume)
+        slot.log.drop_after(plan.resume)
         self._count(checkpoints_invalidated=len(dropped))
+        tokens = list(slot.tokens)
         if plan.restore is None:
-            slot.truncate(plan.resume)
-            return None
-        cp = slot.checkpoints.get(plan.restore)
-        assert cp is not None, "the plan restores a checkpoint the slot has"
-        slot.restore(cp)
-        self._count(restores=1)
-        return cp.logits if plan.from_logits else None
+            slot.truncate(plan.replay_from if plan.replay_from is not None else plan.resume)
+            cp = None
+        else:
+            cp = slot.checkpoints.get(plan.restore)
+            assert cp is not None, "the plan restores a checkpoint the slot has"
+            slot.restore(cp)
+            self._count(restores=1)
+        if plan.replay_from is not None:
+            self._count(replays=1, replayed_tokens=slot.replay(self.arch, tokens, plan.resume))
+        return cp.logits if cp is not None and plan.from_logits else None
 
     def _load_from_store(self, slot: Slot, entry: StoredSequence, plan: ResumePlan) -> np.ndarray | None:
         cp = entry.checkpoints.get(plan.restore) if plan.restore is not None else None
         dropped = slot.checkpoints.clear()
-        slot.load(entry, plan.resume, cp)
+        if plan.replay_from is None:
+            slot.load(entry, plan.resume, cp)
+        else:
+            slot.load_for_replay(entry, plan.replay_from, cp, plan.resume)
+            self._count(replays=1, replayed_tokens=slot.replay(self.arch, entry.tokens, plan.resume))
         if plan.resume == len(entry.tokens):  # the slot now holds all of it
             self.store.discard(entry.key)
         self._count(checkpoints_invalidated=len(dropped), restores=1, prefix_store_hits=1)
@@ -594,6 +636,7 @@ class Engine:
             slot.memory.export(),
             CheckpointList(list(slot.checkpoints)),
             0 if slot.memory.truncatable else len(slot.tokens),  # the image keeps only the end's state
+            slot.log.up_to(len(slot.tokens)),
         )
         stored, evicted = self.store.put(entry)
         self._count(prefix_store_evicted=evicted)
@@ -622,6 +665,19 @@ class Engine:
             self.slots[victim.owner].checkpoints.remove(victim.position)
             self._counters.checkpoints_evicted += 1
 
+    def _enforce_log_budget(self) -> None:
+        blocks: list[LogBlockView] = [v for slot in self.slots for v in slot.log.views(slot.index)]
+        if sum(b.nbytes for b in blocks) <= self.config.replay_memory:
+            return
+        checkpoints = {slot.index: [cp.position for cp in slot.checkpoints] for slot in self.slots}
+        victims = choose_log_evictions(blocks, checkpoints, self.config.replay_memory)
+        for victim in victims:
+            kept = self.slots[victim.owner].log
+            block = kept.find(victim.start)
+            if block is not None:
+                kept.remove(block)
+        self._count(input_blocks_evicted=len(victims))
+
     def _step(self) -> None:
         busy = [slot for slot in self.slots if slot.run is not None]
         work = [
@@ -641,7 +697,8 @@ class Engine:
                 end = run.pos + item.n_tokens
                 tokens = np.asarray(run.prompt[run.pos : end], dtype=np.int32)
                 want = Logits.LAST if end == len(run.prompt) else Logits.NONE
-            segments.append(Segment(slot.memory, tokens, want))
+            keep = self.config.replay_memory > 0 and slot.kind.needs_checkpoints and run.task.cache_prompt
+            segments.append(Segment(slot.memory, tokens, want, {} if keep else None))
         # Only a batch of one task may stop mid-forward: other tasks' rows must go on untouched.
         only = self.slots[items[0].index].run if len(items) == 1 else None
         try:
@@ -663,6 +720,8 @@ class Engine:
             slot = self.slots[item.index]
             run = slot.run
             assert run is not None
+            if segment.inputs is not None:
+                slot.log.record(slot.memory.n_tokens - len(segment.tokens), segment.inputs, run.seq)
             slot.commit(segment.tokens.tolist())
             if item.decode:
                 run.next_token = None
@@ -677,6 +736,8 @@ class Engine:
                     self._take_checkpoint(run, run.schedule.popleft()[1], logits)
             if logits is not None and not run.task.cancelled:  # a cancelled task samples nothing more
                 self._sample_or_fail(run, logits, now)
+        if any(segment.inputs for segment in segments):
+            self._enforce_log_budget()
 
     def _sample_or_fail(self, run: _Run, logits: np.ndarray, now: float) -> None:
         try:
@@ -787,6 +848,7 @@ class Engine:
         log.warning("slot_reset", slot=slot.index, tokens=len(slot.tokens), memory=slot.memory.n_tokens)
         slot.memory.truncate(0)
         slot.tokens.clear()
+        slot.log.clear()
         self._count(checkpoints_invalidated=len(slot.checkpoints.clear()))
 
     # --- bookkeeping -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The host-memory prefix store: states of conversations whose slot was taken over, keyed by tokens.
 
-An entry holds a full copy of a slot's memory (KV entries + recurrent state at its end) and the
-slot's checkpoints. A later prompt sharing a prefix restores it into whichever slot it gets
+An entry holds a full copy of a slot's memory (KV entries + recurrent state at its end), the
+slot's checkpoints and its kept inputs. A later prompt sharing a prefix restores it into whichever slot it gets
 (cache_plan.plan_admissions decides). Bytes are bounded: least recently used entries go first.
 """
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from hyserve.engine.cache_plan import CachedView, StoreCandidate, subsumes
 from hyserve.engine.checkpoints import CheckpointList
+from hyserve.engine.input_log import InputLog
 from hyserve.model.memory import MemoryImage
 
 __all__ = ["PrefixStore", "StoredSequence"]
@@ -23,14 +24,15 @@ class StoredSequence:
     image: MemoryImage
     checkpoints: CheckpointList
     live_floor: int  # as the slot's memory had it: 0 when any prefix is reachable by truncation
+    log: InputLog = field(default_factory=InputLog)  # the slot's kept inputs (replays)
     key: int = -1
     nbytes: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.nbytes = self.image.nbytes + self.checkpoints.nbytes
+        self.nbytes = self.image.nbytes + self.checkpoints.nbytes + self.log.nbytes
 
     def view(self) -> CachedView:
-        return CachedView(self.tokens, self.live_floor, self.checkpoints.views())
+        return CachedView(self.tokens, self.live_floor, self.checkpoints.views(), self.log.runs())
 
 
 class PrefixStore:

@@ -82,6 +82,7 @@ class AcceptedEvent:
     reused_tokens: int
     reuse_source: ReuseSource
     matched_tokens: int
+    reprocess_reason: str = ""  # why matched tokens are evaluated again (cache_plan's reason)
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,14 @@ class SequenceMemory:
         self._put_states(state)
         self.n_tokens = n
 
+    def load_entries(self, image: MemoryImage, start: int, end: int) -> None:
+        """Copy the image's attention entries for positions start..end-1 (where a replay of kept
+        inputs then brings the rest of the memory); the token count is the caller's."""
+        if not 0 <= start <= end <= min(image.n_tokens, self.n_ctx):
+            raise ValueError(f"cannot load positions {start}..{end} from an image of {image.n_tokens}")
+        for il, (k, v) in image.kv.items():
+            self.kv[il].write(start, k[start:end], v[start:end])
+
     def snapshot(self) -> Snapshot:
         n = self.n_tokens
         states = {il: (st.conv.copy(), st.ssm.copy()) for il, st in self.recurrent.items()}

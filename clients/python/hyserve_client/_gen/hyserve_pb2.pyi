@@ -195,20 +195,22 @@ class GenerateResponse(_message.Message):
     def __init__(self, accepted: _Optional[_Union[Accepted, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
 
 class Accepted(_message.Message):
-    __slots__ = ("task_id", "slot_index", "prompt_tokens", "reused_tokens", "reuse_source", "matched_tokens")
+    __slots__ = ("task_id", "slot_index", "prompt_tokens", "reused_tokens", "reuse_source", "matched_tokens", "reprocess_reason")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SLOT_INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPROCESS_REASON_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     slot_index: int
     prompt_tokens: int
     reused_tokens: int
     reuse_source: ReuseSource
     matched_tokens: int
-    def __init__(self, task_id: _Optional[str] = ..., slot_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reuse_source: _Optional[_Union[ReuseSource, str]] = ..., matched_tokens: _Optional[int] = ...) -> None: ...
+    reprocess_reason: str
+    def __init__(self, task_id: _Optional[str] = ..., slot_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reuse_source: _Optional[_Union[ReuseSource, str]] = ..., matched_tokens: _Optional[int] = ..., reprocess_reason: _Optional[str] = ...) -> None: ...
 
 class Delta(_message.Message):
     __slots__ = ("token_ids", "text", "logprobs")
@@ -343,7 +345,7 @@ class PrefixStoreStats(_message.Message):
     def __init__(self, entries: _Optional[int] = ..., bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class CacheCounters(_message.Message):
-    __slots__ = ("prompt_tokens_received", "prompt_tokens_reused", "prompt_tokens_processed", "restores", "full_reprocess_by_reason", "checkpoints_created", "checkpoints_evicted", "checkpoints_invalidated", "prefix_store_hits", "prefix_store_misses", "reprocessed_tokens_by_reason", "prefix_store_evicted")
+    __slots__ = ("prompt_tokens_received", "prompt_tokens_reused", "prompt_tokens_processed", "restores", "full_reprocess_by_reason", "checkpoints_created", "checkpoints_evicted", "checkpoints_invalidated", "prefix_store_hits", "prefix_store_misses", "reprocessed_tokens_by_reason", "prefix_store_evicted", "replays", "replayed_tokens", "input_blocks_evicted")
     class FullReprocessByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +372,9 @@ class CacheCounters(_message.Message):
     PREFIX_STORE_MISSES_FIELD_NUMBER: _ClassVar[int]
     REPROCESSED_TOKENS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     PREFIX_STORE_EVICTED_FIELD_NUMBER: _ClassVar[int]
+    REPLAYS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_BLOCKS_EVICTED_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens_received: int
     prompt_tokens_reused: int
     prompt_tokens_processed: int
@@ -382,7 +387,10 @@ class CacheCounters(_message.Message):
     prefix_store_misses: int
     reprocessed_tokens_by_reason: _containers.ScalarMap[str, int]
     prefix_store_evicted: int
-    def __init__(self, prompt_tokens_received: _Optional[int] = ..., prompt_tokens_reused: _Optional[int] = ..., prompt_tokens_processed: _Optional[int] = ..., restores: _Optional[int] = ..., full_reprocess_by_reason: _Optional[_Mapping[str, int]] = ..., checkpoints_created: _Optional[int] = ..., checkpoints_evicted: _Optional[int] = ..., checkpoints_invalidated: _Optional[int] = ..., prefix_store_hits: _Optional[int] = ..., prefix_store_misses: _Optional[int] = ..., reprocessed_tokens_by_reason: _Optional[_Mapping[str, int]] = ..., prefix_store_evicted: _Optional[int] = ...) -> None: ...
+    replays: int
+    replayed_tokens: int
+    input_blocks_evicted: int
+    def __init__(self, prompt_tokens_received: _Optional[int] = ..., prompt_tokens_reused: _Optional[int] = ..., prompt_tokens_processed: _Optional[int] = ..., restores: _Optional[int] = ..., full_reprocess_by_reason: _Optional[_Mapping[str, int]] = ..., checkpoints_created: _Optional[int] = ..., checkpoints_evicted: _Optional[int] = ..., checkpoints_invalidated: _Optional[int] = ..., prefix_store_hits: _Optional[int] = ..., prefix_store_misses: _Optional[int] = ..., reprocessed_tokens_by_reason: _Optional[_Mapping[str, int]] = ..., prefix_store_evicted: _Optional[int] = ..., replays: _Optional[int] = ..., replayed_tokens: _Optional[int] = ..., input_blocks_evicted: _Optional[int] = ...) -> None: ...
 
 class ModelInfoRequest(_message.Message):
     __slots__ = ()

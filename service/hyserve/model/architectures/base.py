@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
@@ -34,6 +34,9 @@ class Segment:
     memory: SequenceMemory
     tokens: np.ndarray  # int32
     logits: Logits = Logits.LAST
+    # When a dict, the forward puts in it, per non-truncatable layer (recurrent, ring window), what
+    # that layer's state update consumed for these tokens, one row per token (see `replay`).
+    inputs: dict[int, tuple[np.ndarray, ...]] | None = None
 
 
 class Architecture(ABC):
@@ -71,6 +74,38 @@ class Architecture(ABC):
     @abstractmethod
     def _forward(self, segments: Sequence[Segment], cancel: CancelFlag | None) -> list[np.ndarray | None]:
         """The architecture's forward pass (`forward` adds the cancel translation)."""
+
+    def replay(self, memory: SequenceMemory, parts: Sequence[Mapping[int, tuple[np.ndarray, ...]]]) -> None:
+        """Advance `memory` over tokens whose layer inputs earlier forward calls recorded
+        (`Segment.inputs`, one dict per call, in token order): the recurrent layers' own kernels
+        and the ring layers' writes alone, no matmul. Chunking does not change those kernels'
+        results, so the memory ends bit for bit as the forward calls left it. Attention caches are
+        not touched: the caller keeps their entries (a prefix of the same tokens)."""
+        counts = [len(next(iter(p.values()))[0]) for p in parts if p]
+        n = sum(counts)
+        if n == 0:
+            return
+        memory.check_room(n)
+        for il in parts[0]:
+            if il in memory.recurrent:
+                width = len(parts[0][il])
+                rows = tuple(np.ascontiguousarray(np.concatenate([p[il][j] for p in parts])) for j in range(width))
+                st = memory.recurrent[il]
+                new_conv, new_ssm = np.empty_like(st.conv), np.empty_like(st.ssm)
+                self._replay_recurrent(il, rows, (st.conv, st.ssm, new_conv, new_ssm))
+                st.conv, st.ssm = new_conv, new_ssm
+            else:  # a ring window layer: its keys and values, written where the forward wrote them
+                at = memory.n_tokens
+                for p, count in zip(parts, counts):
+                    k, v = p[il]
+                    memory.kv[il].write(at, k, v)
+                    at += count
+        memory.n_tokens += n
+        memory.note_written(memory.n_tokens)
+
+    def _replay_recurrent(self, il: int, inputs: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]) -> None:
+        """Run recurrent layer `il`'s state update on recorded inputs; state = (conv, ssm, new_conv, new_ssm)."""
+        raise NotImplementedError(f"{type(self).__name__} has no recurrent layers")
 
 
 def check_cancel(cancel: CancelFlag | None) -> None:

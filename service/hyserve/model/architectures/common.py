@@ -9,7 +9,7 @@ import numpy as np
 
 from hyserve.model.architectures.base import Segment, logit_rows, split_logits
 from hyserve.model.backend.base import Backend, Matrix, Tensor
-from hyserve.model.memory import RecurrentState, SequenceMemory
+from hyserve.model.memory import RecurrentState, SequenceMemory, WindowCache
 
 
 def attend(
@@ -33,8 +33,13 @@ def attend(
     rows = q.shape[0]
     out = ops.empty((rows, math.prod(q.shape[1:])))
     for seg, span in zip(segments, spans):
-        if span.stop > span.start:
-            ops.attention(seg.memory.kv[layer], seg.memory.n_tokens, q, k, v, span, positions, window, kq_scale, out)
+        if span.stop == span.start:
+            continue
+        cache = seg.memory.kv[layer]
+        if seg.inputs is not None and isinstance(cache, WindowCache):  # kept for replays, as the ring holds them
+            n, hd = span.stop - span.start, cache.k.shape[2]
+            seg.inputs[layer] = tuple(t[span].reshape(n, -1, hd).astype(np.float16) for t in (k, v))
+        ops.attention(cache, seg.memory.n_tokens, q, k, v, span, positions, window, kq_scale, out)
     return out
 
 

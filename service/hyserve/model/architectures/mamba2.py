@@ -80,27 +80,43 @@ class Mamba2(Architecture):
         return SequenceMemory(n_ctx, {}, {il: RecurrentState(conv, ssm) for il in range(self.n_layer)})
 
     def _mixer(self, L: _Layer, il: int, x: np.ndarray, segments, spans, states, cancel) -> np.ndarray:
-        rows, di, gn, nh, hd = len(x), self.d_inner, self.n_groups * self.d_state, self.n_heads, self.head_dim
+        rows, di, nh, hd = len(x), self.d_inner, self.n_heads, self.head_dim
         zxbcdt = hk.matmul(L.w_in, x, cancel)
         z, xbc, dt = zxbcdt[:, :di], zxbcdt[:, di : di + self.channels], zxbcdt[:, di + self.channels :]
         y = np.empty((rows, nh, hd), dtype=np.float32)
         for seg, span in zip(segments, spans):
             if span.stop == span.start:
                 continue
-            conv_state, ssm_state, new_conv, new_ssm = states.layer(seg.memory, il)
-            t = span.stop - span.start
-            u = hk.conv1d_causal(
-                np.ascontiguousarray(xbc[span]), L.conv, conv_state, L.conv_bias, silu=True, new_state=new_conv
-            )
-            xs = np.ascontiguousarray(u[:, :di]).reshape(t, nh, hd)
-            b = np.ascontiguousarray(u[:, di : di + gn]).reshape(t, self.n_groups, self.d_state)
-            c = np.ascontiguousarray(u[:, di + gn :]).reshape(t, self.n_groups, self.d_state)
-            dts = np.ascontiguousarray(dt[span])
-            y[span] = hk.mamba2_scan(xs, dts, L.a, b, c, ssm_state, L.d, L.dt_bias, new_state=new_ssm)
+            inputs = (np.ascontiguousarray(xbc[span]), np.ascontiguousarray(dt[span]))
+            if seg.inputs is not None:  # kept for replays (the arrays are not written to again)
+                seg.inputs[il] = inputs
+            y[span] = self._scan(L, *inputs, *states.layer(seg.memory, il))
         gated = y.reshape(rows, di) * hk.silu(np.ascontiguousarray(z).reshape(-1)).reshape(rows, di)
         group = di // self.n_groups
         normed = hk.rms_norm(np.ascontiguousarray(gated).reshape(-1, group), None, self.eps).reshape(rows, di)
         return hk.matmul(L.w_out, np.ascontiguousarray(normed * L.ssm_norm), cancel)
+
+    def _scan(
+        self,
+        L: _Layer,
+        xbc: np.ndarray,
+        dt: np.ndarray,
+        conv_state: np.ndarray,
+        ssm_state: np.ndarray,
+        new_conv: np.ndarray,
+        new_ssm: np.ndarray,
+    ) -> np.ndarray:
+        """A mixer's recurrent part for one sequence's rows (conv + bias + SiLU, selective scan):
+        rows x heads x head_dim outputs; the new states go to new_conv/new_ssm."""
+        t, di, gn = len(xbc), self.d_inner, self.n_groups * self.d_state
+        u = hk.conv1d_causal(xbc, L.conv, conv_state, L.conv_bias, silu=True, new_state=new_conv)
+        xs = np.ascontiguousarray(u[:, :di]).reshape(t, self.n_heads, self.head_dim)
+        b = np.ascontiguousarray(u[:, di : di + gn]).reshape(t, self.n_groups, self.d_state)
+        c = np.ascontiguousarray(u[:, di + gn :]).reshape(t, self.n_groups, self.d_state)
+        return hk.mamba2_scan(xs, dt, L.a, b, c, ssm_state, L.d, L.dt_bias, new_state=new_ssm)
+
+    def _replay_recurrent(self, il: int, inputs: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]) -> None:
+        self._scan(self.layers[il], *inputs, *state)
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, _, spans = segment_rows(segments)

@@ -241,7 +241,7 @@ class QwenHybrid(Architecture):
         heads[:, :, dims] = kept
 
     def _delta_net(self, L: DeltaNet, x: np.ndarray, il: int, segments, spans, states, cancel) -> np.ndarray:
-        rows, nk, nv, dk, dv = len(x), self.nk, self.nv, self.dk, self.dv
+        rows, nv, dv = len(x), self.nv, self.dv
         mixed, z, b, a = L.project(x, cancel)
         beta = sigmoid(b)
         g = softplus(np.add(a, L.dt_bias, dtype=np.float32))
@@ -250,24 +250,11 @@ class QwenHybrid(Architecture):
         for seg, span in zip(segments, spans):
             if span.stop == span.start:
                 continue
-            conv_state, ssm_state, new_conv, new_ssm = states.layer(seg.memory, il)
-            # ggml's SiLU: the convolution's own is the same per element when no row has a tail of
-            # fewer than 8 channels (which it computes with libm's expf)
-            fused = self.channels % 8 == 0
-            u = hk.conv1d_causal(np.ascontiguousarray(mixed[span]), L.conv, conv_state, silu=fused, new_state=new_conv)
-            if not fused:
-                u = hk.silu(u.reshape(-1)).reshape(u.shape)
+            inputs = tuple(np.ascontiguousarray(m[span]) for m in (mixed, g, beta))
+            if seg.inputs is not None:  # kept for replays (the arrays are not written to again)
+                seg.inputs[il] = inputs
+            out = self._scan(L, *inputs, *states.layer(seg.memory, il))
             t = span.stop - span.start
-            # q and k heads L2-normalised in one call (per row: the same bits as two)
-            qk = hk.l2_norm(np.ascontiguousarray(u[:, : 2 * nk * dk]).reshape(-1, dk), self.eps).reshape(t, 2 * nk, dk)
-            q, k = np.ascontiguousarray(qk[:, :nk]), np.ascontiguousarray(qk[:, nk:])
-            if self.grouped_heads and nv != nk:
-                # the kernel pairs v head j with k head j % n_k: repeat each k head for its group
-                q, k = np.repeat(q, nv // nk, axis=1), np.repeat(k, nv // nk, axis=1)
-            v = np.ascontiguousarray(u[:, 2 * nk * dk :]).reshape(t, nv, dv)
-            out = hk.gated_delta_rule(
-                q, k, v, np.ascontiguousarray(g[span]), np.ascontiguousarray(beta[span]), ssm_state, new_state=new_ssm
-            )
             if t == rows:
                 o = out
             else:
@@ -275,6 +262,40 @@ class QwenHybrid(Architecture):
         y = hk.rms_norm(o.reshape(-1, dv), L.norm, self.eps).reshape(rows, nv * dv)
         y *= hk.silu(np.ascontiguousarray(z).reshape(-1)).reshape(z.shape)
         return hk.matmul(L.w_out, y, cancel)
+
+    def _scan(
+        self,
+        L: DeltaNet,
+        mixed: np.ndarray,
+        g: np.ndarray,
+        beta: np.ndarray,
+        conv_state: np.ndarray,
+        ssm_state: np.ndarray,
+        new_conv: np.ndarray,
+        new_ssm: np.ndarray,
+    ) -> np.ndarray:
+        """A delta-net layer's recurrent part for one sequence's rows (conv, L2 norms, delta rule):
+        rows x nv x dv outputs; the new states go to new_conv/new_ssm."""
+        nk, nv, dk, dv, t = self.nk, self.nv, self.dk, self.dv, len(mixed)
+        # ggml's SiLU: the convolution's own is the same per element when no row has a tail of
+        # fewer than 8 channels (which it computes with libm's expf)
+        fused = self.channels % 8 == 0
+        u = hk.conv1d_causal(mixed, L.conv, conv_state, silu=fused, new_state=new_conv)
+        if not fused:
+            u = hk.silu(u.reshape(-1)).reshape(u.shape)
+        # q and k heads L2-normalised in one call (per row: the same bits as two)
+        qk = hk.l2_norm(np.ascontiguousarray(u[:, : 2 * nk * dk]).reshape(-1, dk), self.eps).reshape(t, 2 * nk, dk)
+        q, k = np.ascontiguousarray(qk[:, :nk]), np.ascontiguousarray(qk[:, nk:])
+        if self.grouped_heads and nv != nk:
+            # the kernel pairs v head j with k head j % n_k: repeat each k head for its group
+            q, k = np.repeat(q, nv // nk, axis=1), np.repeat(k, nv // nk, axis=1)
+        v = np.ascontiguousarray(u[:, 2 * nk * dk :]).reshape(t, nv, dv)
+        return hk.gated_delta_rule(q, k, v, g, beta, ssm_state, new_state=new_ssm)
+
+    def _replay_recurrent(self, il: int, inputs: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]) -> None:
+        mixer = self.layers[il].mixer
+        assert isinstance(mixer, DeltaNet)
+        self._scan(mixer, *inputs, *state)
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
         tokens, pos, spans = segment_rows(segments)
