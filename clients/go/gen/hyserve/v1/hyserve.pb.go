@@ -42,7 +42,8 @@ const (
 	ReuseSource_REUSE_SOURCE_NONE ReuseSource = 1
 	// The slot's live memory (kept as is, or truncated for attention-only memory).
 	ReuseSource_REUSE_SOURCE_SLOT_LIVE ReuseSource = 2
-	// A checkpoint of the same slot, restored.
+	// A checkpoint of the same slot, restored; or the state at the resume point recomputed from
+	// kept per-token inputs, replayed from a checkpoint before it (or from the empty state).
 	ReuseSource_REUSE_SOURCE_CHECKPOINT ReuseSource = 3
 	// An entry of the shared host-memory prefix store, restored into the slot.
 	ReuseSource_REUSE_SOURCE_PREFIX_STORE ReuseSource = 4
@@ -1177,11 +1178,15 @@ type Accepted struct {
 	// Where the reused state came from. REUSE_SOURCE_NONE when reused_tokens is 0.
 	ReuseSource ReuseSource `protobuf:"varint,5,opt,name=reuse_source,json=reuseSource,proto3,enum=hyserve.v1.ReuseSource" json:"reuse_source,omitempty"`
 	// Length of the longest common prefix between the prompt and the best cached sequence. On
-	// recurrent and hybrid models state can only be restored at checkpoints, so reused_tokens may be
-	// less than this; the difference is prompt that matched but had to be evaluated again.
+	// recurrent and hybrid models state can only be restored at checkpoints, or inside runs of kept
+	// per-token inputs, so reused_tokens may be less than this; the difference is prompt that
+	// matched but had to be evaluated again.
 	MatchedTokens uint32 `protobuf:"varint,6,opt,name=matched_tokens,json=matchedTokens,proto3" json:"matched_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Why matched tokens are evaluated again (matched_tokens > reused_tokens), or why nothing is
+	// reused; empty otherwise. One of the reasons of CacheCounters.reprocessed_tokens_by_reason.
+	ReprocessReason string `protobuf:"bytes,7,opt,name=reprocess_reason,json=reprocessReason,proto3" json:"reprocess_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Accepted) Reset() {
@@ -1254,6 +1259,13 @@ func (x *Accepted) GetMatchedTokens() uint32 {
 		return x.MatchedTokens
 	}
 	return 0
+}
+
+func (x *Accepted) GetReprocessReason() string {
+	if x != nil {
+		return x.ReprocessReason
+	}
+	return ""
 }
 
 // Delta carries newly generated tokens. Deltas never repeat earlier content: concatenating all
@@ -2131,11 +2143,20 @@ type CacheCounters struct {
 	PrefixStoreMisses uint64 `protobuf:"varint,10,opt,name=prefix_store_misses,json=prefixStoreMisses,proto3" json:"prefix_store_misses,omitempty"`
 	// Prompt tokens whose state was cached (they matched) but that were evaluated again, by reason:
 	// "no_checkpoint_at_divergence" (recurrent state: the nearest checkpoint is before the point
-	// where the prompt diverged), "no_stored_logits" (an identical prompt whose logits were not
-	// kept), plus the reasons of full_reprocess_by_reason.
+	// where the prompt diverged and no per-token inputs are kept), "inputs_not_kept" (the kept
+	// per-token inputs do not reach the divergence: evicted for the budget, or never recorded),
+	// "no_stored_logits" (an identical prompt whose logits were not kept), plus the reasons of
+	// full_reprocess_by_reason.
 	ReprocessedTokensByReason map[string]uint64 `protobuf:"bytes,11,rep,name=reprocessed_tokens_by_reason,json=reprocessedTokensByReason,proto3" json:"reprocessed_tokens_by_reason,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Prefix-store entries dropped to stay within the store's byte budget.
 	PrefixStoreEvicted uint64 `protobuf:"varint,12,opt,name=prefix_store_evicted,json=prefixStoreEvicted,proto3" json:"prefix_store_evicted,omitempty"`
+	// Resumes that reached their position by replaying kept per-token inputs of recurrent (or ring
+	// window) layers from a checkpoint before it (no forward pass).
+	Replays uint64 `protobuf:"varint,13,opt,name=replays,proto3" json:"replays,omitempty"`
+	// Positions those replays advanced.
+	ReplayedTokens uint64 `protobuf:"varint,14,opt,name=replayed_tokens,json=replayedTokens,proto3" json:"replayed_tokens,omitempty"`
+	// Blocks of kept per-token inputs dropped to stay within their byte budget.
+	InputBlocksEvicted uint64 `protobuf:"varint,15,opt,name=input_blocks_evicted,json=inputBlocksEvicted,proto3" json:"input_blocks_evicted,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
@@ -2254,6 +2275,27 @@ func (x *CacheCounters) GetPrefixStoreEvicted() uint64 {
 	return 0
 }
 
+func (x *CacheCounters) GetReplays() uint64 {
+	if x != nil {
+		return x.Replays
+	}
+	return 0
+}
+
+func (x *CacheCounters) GetReplayedTokens() uint64 {
+	if x != nil {
+		return x.ReplayedTokens
+	}
+	return 0
+}
+
+func (x *CacheCounters) GetInputBlocksEvicted() uint64 {
+	if x != nil {
+		return x.InputBlocksEvicted
+	}
+	return 0
+}
+
 // ModelInfoRequest asks for the model description. No fields yet.
 type ModelInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2319,6 +2361,11 @@ type ModelInfoResponse struct {
 	MemoryKind MemoryKind `protobuf:"varint,11,opt,name=memory_kind,json=memoryKind,proto3,enum=hyserve.v1.MemoryKind" json:"memory_kind,omitempty"`
 	// Version of the hyserve server.
 	ServerVersion string `protobuf:"bytes,12,opt,name=server_version,json=serverVersion,proto3" json:"server_version,omitempty"`
+	// Where the model runs: "cpu" or "gpu".
+	Device string `protobuf:"bytes,13,opt,name=device,proto3" json:"device,omitempty"`
+	// The device in words: "CPU (avx2, 2 threads)", or the GPU adapter's name, backend and type,
+	// e.g. "llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)" for Mesa's software Vulkan driver.
+	DeviceName    string `protobuf:"bytes,14,opt,name=device_name,json=deviceName,proto3" json:"device_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2437,6 +2484,20 @@ func (x *ModelInfoResponse) GetServerVersion() string {
 	return ""
 }
 
+func (x *ModelInfoResponse) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *ModelInfoResponse) GetDeviceName() string {
+	if x != nil {
+		return x.DeviceName
+	}
+	return ""
+}
+
 var File_hyserve_v1_hyserve_proto protoreflect.FileDescriptor
 
 const file_hyserve_v1_hyserve_proto_rawDesc = "" +
@@ -2509,7 +2570,7 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\baccepted\x18\x01 \x01(\v2\x14.hyserve.v1.AcceptedH\x00R\baccepted\x12)\n" +
 	"\x05delta\x18\x02 \x01(\v2\x11.hyserve.v1.DeltaH\x00R\x05delta\x122\n" +
 	"\bfinished\x18\x03 \x01(\v2\x14.hyserve.v1.FinishedH\x00R\bfinishedB\a\n" +
-	"\x05event\"\xef\x01\n" +
+	"\x05event\"\x9a\x02\n" +
 	"\bAccepted\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
 	"\n" +
@@ -2517,7 +2578,8 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x03 \x01(\rR\fpromptTokens\x12#\n" +
 	"\rreused_tokens\x18\x04 \x01(\rR\freusedTokens\x12:\n" +
 	"\freuse_source\x18\x05 \x01(\x0e2\x17.hyserve.v1.ReuseSourceR\vreuseSource\x12%\n" +
-	"\x0ematched_tokens\x18\x06 \x01(\rR\rmatchedTokens\"n\n" +
+	"\x0ematched_tokens\x18\x06 \x01(\rR\rmatchedTokens\x12)\n" +
+	"\x10reprocess_reason\x18\a \x01(\tR\x0freprocessReason\"n\n" +
 	"\x05Delta\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x124\n" +
@@ -2574,7 +2636,7 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x10PrefixStoreStats\x12\x18\n" +
 	"\aentries\x18\x01 \x01(\rR\aentries\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12!\n" +
-	"\fbudget_bytes\x18\x03 \x01(\x04R\vbudgetBytes\"\xf6\x06\n" +
+	"\fbudget_bytes\x18\x03 \x01(\x04R\vbudgetBytes\"\xeb\a\n" +
 	"\rCacheCounters\x124\n" +
 	"\x16prompt_tokens_received\x18\x01 \x01(\x04R\x14promptTokensReceived\x120\n" +
 	"\x14prompt_tokens_reused\x18\x02 \x01(\x04R\x12promptTokensReused\x126\n" +
@@ -2588,14 +2650,17 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x13prefix_store_misses\x18\n" +
 	" \x01(\x04R\x11prefixStoreMisses\x12y\n" +
 	"\x1creprocessed_tokens_by_reason\x18\v \x03(\v28.hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntryR\x19reprocessedTokensByReason\x120\n" +
-	"\x14prefix_store_evicted\x18\f \x01(\x04R\x12prefixStoreEvicted\x1aH\n" +
+	"\x14prefix_store_evicted\x18\f \x01(\x04R\x12prefixStoreEvicted\x12\x18\n" +
+	"\areplays\x18\r \x01(\x04R\areplays\x12'\n" +
+	"\x0freplayed_tokens\x18\x0e \x01(\x04R\x0ereplayedTokens\x120\n" +
+	"\x14input_blocks_evicted\x18\x0f \x01(\x04R\x12inputBlocksEvicted\x1aH\n" +
 	"\x1aFullReprocessByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1aL\n" +
 	"\x1eReprocessedTokensByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x12\n" +
-	"\x10ModelInfoRequest\"\xe6\x03\n" +
+	"\x10ModelInfoRequest\"\x9f\x04\n" +
 	"\x11ModelInfoResponse\x12\x1d\n" +
 	"\n" +
 	"model_path\x18\x01 \x01(\tR\tmodelPath\x12\x1d\n" +
@@ -2614,7 +2679,10 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	" \x01(\bR\x0fhasChatTemplate\x127\n" +
 	"\vmemory_kind\x18\v \x01(\x0e2\x16.hyserve.v1.MemoryKindR\n" +
 	"memoryKind\x12%\n" +
-	"\x0eserver_version\x18\f \x01(\tR\rserverVersionB\x0f\n" +
+	"\x0eserver_version\x18\f \x01(\tR\rserverVersion\x12\x16\n" +
+	"\x06device\x18\r \x01(\tR\x06device\x12\x1f\n" +
+	"\vdevice_name\x18\x0e \x01(\tR\n" +
+	"deviceNameB\x0f\n" +
 	"\r_bos_token_id*\x9a\x01\n" +
 	"\vReuseSource\x12\x1c\n" +
 	"\x18REUSE_SOURCE_UNSPECIFIED\x10\x00\x12\x15\n" +

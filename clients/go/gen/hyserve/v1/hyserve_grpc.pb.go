@@ -41,8 +41,9 @@ const (
 //
 // HyserveService generates text with one GGUF model and reports on its prompt cache.
 //
-// The server also exposes grpc.health.v1.Health (services "" and "hyserve.v1.HyserveService":
-// NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining)
+// The server also exposes grpc.health.v1.Health (readiness, service "hyserve.v1.HyserveService":
+// NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining;
+// liveness, service "": SERVING from the moment the server listens until its drain has ended)
 // and server reflection.
 //
 // Status codes used by all RPCs:
@@ -135,8 +136,9 @@ func (c *hyserveServiceClient) ModelInfo(ctx context.Context, in *ModelInfoReque
 //
 // HyserveService generates text with one GGUF model and reports on its prompt cache.
 //
-// The server also exposes grpc.health.v1.Health (services "" and "hyserve.v1.HyserveService":
-// NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining)
+// The server also exposes grpc.health.v1.Health (readiness, service "hyserve.v1.HyserveService":
+// NOT_SERVING until the model is loaded and warmed up, SERVING after, NOT_SERVING while draining;
+// liveness, service "": SERVING from the moment the server listens until its drain has ended)
 // and server reflection.
 //
 // Status codes used by all RPCs:
