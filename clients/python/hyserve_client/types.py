@@ -398,6 +398,8 @@ class ModelInfo:
     has_chat_template: bool
     memory_kind: MemoryKind
     server_version: str
+    device: str  # "cpu" or "gpu"
+    device_name: str
 
     @classmethod
     def from_proto(cls, m: pb.ModelInfoResponse) -> ModelInfo:
@@ -414,4 +416,6 @@ class ModelInfo:
             has_chat_template=m.has_chat_template,
             memory_kind=enum_from_proto(MemoryKind, m.memory_kind),
             server_version=m.server_version,
+            device=m.device,
+            device_name=m.device_name,
         )
