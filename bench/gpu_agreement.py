@@ -1,0 +1,81 @@
+"""GPU path vs CPU path, teacher-forced: mean KL(CPU || GPU), top-1 agreement (raw, and up to
+near-ties of the CPU's logits) and bit-identity, on the fixtures of tests/test_gpu_models.py and
+on Gemma 3 270M. Prints a Markdown table and writes bench/results/gpu_agreement.json.
+
+    python bench/gpu_agreement.py [--adapter NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path.insert(0, str(TESTS))
+
+from fixtures import make_models  # noqa: E402
+from test_gpu_models import CASES, TEXT  # noqa: E402
+
+from hyserve.model.architectures.base import Logits, Segment  # noqa: E402
+from hyserve.model.backend import open_backend  # noqa: E402
+from hyserve.model.gguf_file import GGUFFile  # noqa: E402
+from hyserve.model.loader import ARCHITECTURES, load_model  # noqa: E402
+from llama_oracle import kl_per_position, top1_agreement, top1_agreement_up_to_ties  # noqa: E402
+
+GEMMA_PROMPTS = ["Once upon a time, there was a little robot who", "The capital of France is Paris. The capital of"]
+
+
+def compare(name: str, cpu, gpu_arch, tokens: list[int]) -> dict:
+    def logits(arch) -> np.ndarray:
+        return arch.forward([Segment(arch.new_memory(512), np.asarray(tokens, np.int32), Logits.ALL)])[0]
+
+    a, b = logits(cpu.arch), logits(gpu_arch)
+    return {
+        "case": name,
+        "tokens": len(tokens),
+        "mean_kl": float(kl_per_position(a, b).mean()),
+        "top1": top1_agreement(a, b),
+        "top1_up_to_ties": top1_agreement_up_to_ties(a, b),
+        "bit_identical": bool(np.array_equal(a, b)),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--adapter", default=None)
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = p.parse_args()
+    gpu = open_backend("gpu", gpu_adapter=args.adapter)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch, qtype, kw in CASES:
+            path = make_models.write_model(Path(tmp) / f"{arch}-{qtype}.gguf", arch, qtype=qtype, **kw)
+            cpu = load_model(path)
+            rows.append(
+                compare(
+                    f"{arch} {qtype}", cpu, ARCHITECTURES[arch](GGUFFile.open(path), gpu), cpu.tokenizer.encode(TEXT)
+                )
+            )
+    gemma = load_model("default")
+    gemma_gpu = ARCHITECTURES["gemma3"](gemma.gguf, gpu)
+    for text in GEMMA_PROMPTS:
+        rows.append(compare("Gemma 3 270M Q4_K_M", gemma, gemma_gpu, gemma.tokenizer.encode(text)))
+    result = {"adapter": gpu.description, "cases": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_agreement.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"adapter: {gpu.description}\n")
+    print("| case | tokens | mean KL | top-1 | top-1 up to ties | bit-identical |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['case']} | {r['tokens']} | {r['mean_kl']:.1e} | {100 * r['top1']:.1f}% | "
+            f"{100 * r['top1_up_to_ties']:.1f}% | {'yes' if r['bit_identical'] else 'no'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
