@@ -43,11 +43,14 @@ struct Pipeline {
     layout: wgpu::BindGroupLayout,
 }
 
-/// A device buffer from the pool; it goes back to the pool when dropped. Work already recorded
-/// that reads it still runs in order before any later reuse (wgpu orders dispatches).
+/// Free device buffers by size (powers of two).
+type Pool = Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>;
+
+/// A device buffer; one from the pool goes back to it when dropped. Work already recorded that
+/// reads it still runs in order before any later reuse (wgpu orders dispatches).
 pub struct GpuBuffer {
     buffer: Option<wgpu::Buffer>,
-    pool: Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>,
+    pool: Option<Pool>,
     pub bytes: u64,
 }
 
@@ -59,8 +62,8 @@ impl GpuBuffer {
 
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
-        if let Some(b) = self.buffer.take() {
-            if let Ok(mut pool) = self.pool.lock() {
+        if let (Some(b), Some(pool)) = (self.buffer.take(), &self.pool) {
+            if let Ok(mut pool) = pool.lock() {
                 pool.entry(b.size()).or_default().push(b);
             }
         }
@@ -75,7 +78,7 @@ pub struct Gpu {
     binding_limit: u64,
     pipelines: Mutex<PipelineCache>,
     pending: Mutex<Option<wgpu::CommandEncoder>>,
-    pool: Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>,
+    pool: Pool,
     /// bound where a kernel declares a binding that an operation does not use
     pub dummy: wgpu::Buffer,
 }
@@ -311,12 +314,13 @@ impl Gpu {
         });
         GpuBuffer {
             buffer: Some(buffer),
-            pool: self.pool.clone(),
+            pool: Some(self.pool.clone()),
             bytes,
         }
     }
 
-    /// A new buffer holding `data` (never a pooled one: work already recorded may still read those).
+    /// A new buffer holding `data` (never a pooled one: work already recorded may still read those;
+    /// nor does it join the pool when dropped: its size is the data's).
     pub fn upload(&self, data: &[u8]) -> GpuBuffer {
         let mut padded = data.to_vec();
         padded.resize(data.len().max(16).next_multiple_of(4), 0);
@@ -327,7 +331,7 @@ impl Gpu {
         });
         GpuBuffer {
             buffer: Some(buffer),
-            pool: self.pool.clone(),
+            pool: None,
             bytes: data.len() as u64,
         }
     }
