@@ -192,21 +192,27 @@ impl GpuDevice {
 impl GpuDevice {
     /// Opens the best adapter: `backend` "vulkan" | "metal" | "dx12" (None: any), `adapter` a
     /// substring of its name, software adapters only with `allow_software`.
-    /// `max_binding` lowers the bytes bound at once (tests split small tensors with it).
+    /// `max_binding` lowers the bytes bound at once (tests split small tensors with it); `lanes`
+    /// (1 or 8) sets the threads per weight row of the matmul (default: 1 on software adapters).
     #[new]
-    #[pyo3(signature = (backend=None, adapter=None, allow_software=false, max_binding=None))]
+    #[pyo3(signature = (backend=None, adapter=None, allow_software=false, max_binding=None, lanes=None))]
     fn new(
         py: Python<'_>,
         backend: Option<String>,
         adapter: Option<String>,
         allow_software: bool,
         max_binding: Option<u64>,
+        lanes: Option<u32>,
     ) -> PyResult<Self> {
+        if lanes.is_some_and(|l| l != 1 && l != 8) {
+            return Err(value_error("lanes must be 1 or 8"));
+        }
         let choice = AdapterChoice {
             backend,
             name: adapter,
             allow_software,
             max_binding,
+            lanes,
         };
         let gpu = py.detach(|| Gpu::open(&choice)).map_err(value_error)?;
         Ok(Self { gpu: Arc::new(gpu) })

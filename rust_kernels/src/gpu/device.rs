@@ -16,6 +16,8 @@ pub struct AdapterChoice {
     pub allow_software: bool,
     /// bind at most this many bytes of a tensor at once (tests use it to split small tensors)
     pub max_binding: Option<u64>,
+    /// threads per weight row in the matmul, 1 or 8 (default: by adapter type)
+    pub lanes: Option<u32>,
 }
 
 /// Access of one binding of a kernel, in binding order.
@@ -76,6 +78,7 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     binding_limit: u64,
+    lanes: u32,
     pipelines: Mutex<PipelineCache>,
     pending: Mutex<Option<wgpu::CommandEncoder>>,
     pool: Pool,
@@ -167,11 +170,13 @@ impl Gpu {
             mapped_at_creation: false,
         });
         let adapter_limit = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let software = info.device_type == wgpu::DeviceType::Cpu;
         Ok(Gpu {
             device,
             queue,
             info,
             binding_limit: choice.max_binding.map_or(adapter_limit, |m| m.clamp(256, adapter_limit)),
+            lanes: choice.lanes.unwrap_or(if software { 1 } else { 8 }),
             limits,
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
@@ -188,6 +193,12 @@ impl Gpu {
         self.info.device_type == wgpu::DeviceType::Cpu
     }
 
+
+    /// Threads per weight row in the matmul (each the CPU's float lanes 8 / lanes): 8 on GPUs, 1 on
+    /// software adapters, where a barrier costs more than the work it shares. Same bits either way.
+    pub fn lanes(&self) -> u32 {
+        self.lanes
+    }
 
     /// The largest buffer one binding may see.
     pub fn max_binding(&self) -> u64 {

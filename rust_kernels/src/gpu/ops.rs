@@ -155,9 +155,10 @@ pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
     debug_assert_eq!(x.kind, act_kind(w.ggml_type));
     let n = x.n;
     let out = gpu.alloc((n * w.rows * 4) as u64);
+    let lanes = gpu.lanes();
     for (buf, row0, rows) in &w.chunks {
-        // eight threads (the CPU's eight float lanes) per weight row, eight rows per workgroup
-        let (gx, gy) = groups_wrapped(rows.div_ceil(8));
+        // the CPU's eight float lanes of a row on `lanes` threads, 64 threads a workgroup
+        let (gx, gy) = groups_wrapped(rows.div_ceil(64 / lanes as usize));
         let p = params8([
             *rows as u32,
             w.cols as u32,
@@ -170,7 +171,7 @@ pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
         ]);
         gpu.dispatch(
             &MATMUL,
-            &[("FMT", w.ggml_type)],
+            &[("FMT", w.ggml_type), ("LANES", lanes)],
             &[buf.raw(), x.xq.raw(), x.xd.raw(), x.xs.raw(), x.xh.raw(), out.raw()],
             bytes_of(&p),
             [gx, gy, n.div_ceil(8) as u32],

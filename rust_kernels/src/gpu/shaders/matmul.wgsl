@@ -3,17 +3,19 @@
 //
 // The CPU kernels' operation order (rust_kernels/src/quant, itself llama.cpp's AVX2 order), so that
 // quantized formats give the CPU's bits: the activations come quantized as the format's dot product
-// takes them (quantize_act.wgsl); eight threads share a weight row, thread k being the CPU's float
-// lane k. Per block (32 weights; 256 for K-quants) lane k holds the exact integer sum of the
+// takes them (quantize_act.wgsl); the CPU's eight float lanes of a weight row are LANES threads
+// (8 on GPUs: thread k is lane k; 1 on software adapters, where barriers cost more than they share:
+// one thread runs the eight lanes; the results are the same bits). Per block (32 weights; 256 for K-quants) lane k holds the exact integer sum of the
 // products of elements 4k..4k+3 of each 32 (times their sub-block scales), and adds it times the
 // block's scale into its float accumulator with one fused multiply-add, block after block. The
 // eight lanes are joined by ggml's hsum8, plus the min terms of Q4_1/Q5_1/Q4_K/Q5_K in the CPU's
 // order. Float formats (F32/F16/BF16) use the same lanes, while the CPU sums those in f64: close,
-// not identical. A workgroup covers 8 weight rows x TILE activation rows, so each weight block is
-// read once for the tile; a result never depends on the other rows of the batch.
+// not identical. A workgroup covers 64 / LANES weight rows x TILE activation rows, so each weight
+// block is read once for the tile; a result never depends on the other rows of the batch.
 // Needs quant.wgsl (binding 0 = the weight bytes).
 
 override FMT: u32 = 0u;
+override LANES: u32 = 8u;  // 8 or 1
 const TILE: u32 = 8u;
 
 struct Params {
@@ -41,125 +43,144 @@ fn is_float(fmt: u32) -> bool {
     return fmt == T_F32 || fmt == T_F16 || fmt == T_BF16;
 }
 
+fn hsum8_at(a: ptr<function, array<f32, 64>>, o: u32) -> f32 {
+    return (((*a)[o] + (*a)[o + 4u]) + ((*a)[o + 2u] + (*a)[o + 6u]))
+        + (((*a)[o + 1u] + (*a)[o + 5u]) + ((*a)[o + 3u] + (*a)[o + 7u]));
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let k = lid % 8u;
-    let r = (wg.x + wg.y * p.groups_x) * 8u + lid / 8u;
+    let per = 8u / LANES;  // lanes this thread runs
+    let lane0 = (lid % LANES) * per;
+    let r = (wg.x + wg.y * p.groups_x) * (64u / LANES) + lid / LANES;
     let b0 = wg.z * TILE;
-    var acc: array<f32, 8>;
-    var mins: array<f32, 8>;
-    for (var b = 0u; b < TILE; b++) {
-        acc[b] = 0.0;
-        mins[b] = 0.0;
+    // acc[8 * b + kk], mins[8 * b + kk]: activation row b, this thread's kk-th lane
+    var acc: array<f32, 64>;
+    var mins: array<f32, 64>;
+    for (var i = 0u; i < 64u; i++) {
+        acc[i] = 0.0;
+        mins[i] = 0.0;
     }
     let n_b = min(TILE, p.n_act - b0);
     if r < p.rows {
         let row = r * p.row_bytes;
-        if is_float(FMT) {
-            for (var c = 0u; c < p.n_sub; c++) {
-                let wv = quad_f(FMT, row, 32u * c + 4u * k, p.cols);
-                for (var b = 0u; b < TILE; b++) {
-                    if b < n_b {
-                        let xv = xq[8u * ((b0 + b) * p.n_sub + c) + k];
-                        var a = acc[b];
-                        a = fma(wv.x, xv.x, a);
-                        a = fma(wv.y, xv.y, a);
-                        a = fma(wv.z, xv.z, a);
-                        acc[b] = fma(wv.w, xv.w, a);
+        for (var kk = 0u; kk < per; kk++) {
+            let k = lane0 + kk;
+            if is_float(FMT) {
+                for (var c = 0u; c < p.n_sub; c++) {
+                    let wv = quad_f(FMT, row, 32u * c + 4u * k, p.cols);
+                    for (var b = 0u; b < TILE; b++) {
+                        if b < n_b {
+                            let xv = xq[8u * ((b0 + b) * p.n_sub + c) + k];
+                            var a = acc[8u * b + kk];
+                            a = fma(wv.x, xv.x, a);
+                            a = fma(wv.y, xv.y, a);
+                            a = fma(wv.z, xv.z, a);
+                            acc[8u * b + kk] = fma(wv.w, xv.w, a);
+                        }
                     }
                 }
-            }
-        } else if FMT == T_Q4_K || FMT == T_Q5_K || FMT == T_Q6_K {
-            let size = select(select(144u, 176u, FMT == T_Q5_K), 210u, FMT == T_Q6_K);
-            for (var sb = 0u; sb < p.n_sub / 8u; sb++) {
-                let blk = row + size * sb;
-                var qs: array<vec4<i32>, 8>;
-                var sc: array<i32, 8>;  // Q4_K/Q5_K: the sub-block scales; Q6_K: lane k's scale per chunk
-                var m: array<i32, 8>;
-                for (var c = 0u; c < 8u; c++) {
-                    qs[c] = quad_q(FMT, row, 256u * sb + 32u * c + 4u * k);
-                    if FMT == T_Q6_K {
-                        sc[c] = i32(i8_at(blk + 192u + 2u * c + k / 4u));
-                    } else {
-                        let sm = scale_min_k4(blk + 4u, c);
-                        sc[c] = i32(sm.x);
-                        m[c] = i32(sm.y);
-                    }
-                }
-                var dw = f16_at(blk);
-                if FMT == T_Q6_K {
-                    dw = f16_at(blk + 208u);
-                }
-                for (var b = 0u; b < TILE; b++) {
-                    if b < n_b {
-                        let a0 = (b0 + b) * p.n_sub + 8u * sb;  // the super-block's first sub-block
-                        var lane = 0;
+            } else if FMT == T_Q4_K || FMT == T_Q5_K || FMT == T_Q6_K {
+                let size = select(select(144u, 176u, FMT == T_Q5_K), 210u, FMT == T_Q6_K);
+                for (var sb = 0u; sb < p.n_sub / 8u; sb++) {
+                    let blk = row + size * sb;
+                    var qs: array<vec4<i32>, 8>;
+                    var sc: array<i32, 8>;  // Q4_K/Q5_K: the sub-block scales; Q6_K: lane k's scale per chunk
+                    var m: array<i32, 8>;
+                    for (var c = 0u; c < 8u; c++) {
+                        qs[c] = quad_q(FMT, row, 256u * sb + 32u * c + 4u * k);
                         if FMT == T_Q6_K {
-                            let own = a0 + k;  // 16-sums 2k, 2k+1 are sub-block k's halves
-                            let s0 = i32(i8_at(blk + 192u + 2u * k));
-                            let s1 = i32(i8_at(blk + 192u + 2u * k + 1u));
-                            lane = -32 * (i32(xs[own]) * s0 + i32(xh[own]) * s1);
+                            sc[c] = i32(i8_at(blk + 192u + 2u * c + k / 4u));
+                        } else {
+                            let sm = scale_min_k4(blk + 4u, c);
+                            sc[c] = i32(sm.x);
+                            m[c] = i32(sm.y);
                         }
-                        for (var c = 0u; c < 8u; c++) {
-                            lane += sc[c] * dot(qs[c], vec4<i32>(xq[8u * (a0 + c) + k]));
-                        }
-                        let yd = xd[a0];
-                        acc[b] = fma(dw * yd, f32(lane), acc[b]);
-                        if FMT != T_Q6_K {
-                            // mins: lane l < 4 holds sub-blocks 2l, 2l+1 (Q4_K); Q5_K sums all in lane 0
-                            let dmin = -yd * f16_at(blk + 2u);
-                            var prod: array<i32, 4>;
-                            for (var l = 0u; l < 4u; l++) {
-                                let j = 2u * l;
-                                prod[l] = m[j] * (i32(xs[a0 + j]) + i32(xh[a0 + j]))
-                                    + m[j + 1u] * (i32(xs[a0 + j + 1u]) + i32(xh[a0 + j + 1u]));
+                    }
+                    var dw = f16_at(blk);
+                    if FMT == T_Q6_K {
+                        dw = f16_at(blk + 208u);
+                    }
+                    for (var b = 0u; b < TILE; b++) {
+                        if b < n_b {
+                            let a0 = (b0 + b) * p.n_sub + 8u * sb;  // the super-block's first sub-block
+                            var lane = 0;
+                            if FMT == T_Q6_K {
+                                let own = a0 + k;  // 16-sums 2k, 2k+1 are sub-block k's halves
+                                let s0 = i32(i8_at(blk + 192u + 2u * k));
+                                let s1 = i32(i8_at(blk + 192u + 2u * k + 1u));
+                                lane = -32 * (i32(xs[own]) * s0 + i32(xh[own]) * s1);
                             }
-                            if FMT == T_Q4_K && k < 4u {
-                                mins[b] = fma(dmin, f32(prod[k]), mins[b]);
-                            } else if FMT == T_Q5_K && k == 0u {
-                                mins[b] = fma(dmin, f32((prod[0] + prod[1]) + (prod[2] + prod[3])), mins[b]);
+                            for (var c = 0u; c < 8u; c++) {
+                                lane += sc[c] * dot(qs[c], vec4<i32>(xq[8u * (a0 + c) + k]));
+                            }
+                            let yd = xd[a0];
+                            acc[8u * b + kk] = fma(dw * yd, f32(lane), acc[8u * b + kk]);
+                            if FMT != T_Q6_K && (k < 4u && FMT == T_Q4_K || k == 0u) {
+                                // mins: lane l < 4 holds sub-blocks 2l, 2l+1 (Q4_K); Q5_K all in lane 0
+                                let dmin = -yd * f16_at(blk + 2u);
+                                var prod: array<i32, 4>;
+                                for (var l = 0u; l < 4u; l++) {
+                                    let j = 2u * l;
+                                    prod[l] = m[j] * (i32(xs[a0 + j]) + i32(xh[a0 + j]))
+                                        + m[j + 1u] * (i32(xs[a0 + j + 1u]) + i32(xh[a0 + j + 1u]));
+                                }
+                                var term = prod[min(k, 3u)];
+                                if FMT == T_Q5_K {
+                                    term = (prod[0] + prod[1]) + (prod[2] + prod[3]);
+                                }
+                                mins[8u * b + kk] = fma(dmin, f32(term), mins[8u * b + kk]);
                             }
                         }
                     }
                 }
-            }
-        } else {
-            // legacy 32-blocks: Q4_0, Q5_0, Q8_0 against Q8_0; Q4_1, Q5_1 against Q8_1 (+ m * s)
-            let size = select(select(select(18u, 20u, FMT == T_Q4_1), select(22u, 24u, FMT == T_Q5_1), FMT >= T_Q5_0), 34u, FMT == T_Q8_0);
-            let with_min = FMT == T_Q4_1 || FMT == T_Q5_1;
-            for (var c = 0u; c < p.n_sub; c++) {
-                let blk = row + size * c;
-                let q = quad_q(FMT, row, 32u * c + 4u * k);
-                let dw = f16_at(blk);
-                let mw = f16_at(blk + 2u);
-                for (var b = 0u; b < TILE; b++) {
-                    if b < n_b {
-                        let a = (b0 + b) * p.n_sub + c;
-                        acc[b] = fma(dw * xd[a], f32(dot(q, vec4<i32>(xq[8u * a + k]))), acc[b]);
-                        if with_min && k == 0u {
-                            mins[b] += mw * xs[a];
+            } else {
+                // legacy 32-blocks: Q4_0, Q5_0, Q8_0 against Q8_0; Q4_1, Q5_1 against Q8_1 (+ m * s)
+                let size = select(select(select(18u, 20u, FMT == T_Q4_1), select(22u, 24u, FMT == T_Q5_1), FMT >= T_Q5_0), 34u, FMT == T_Q8_0);
+                let with_min = FMT == T_Q4_1 || FMT == T_Q5_1;
+                for (var c = 0u; c < p.n_sub; c++) {
+                    let blk = row + size * c;
+                    let q = quad_q(FMT, row, 32u * c + 4u * k);
+                    let dw = f16_at(blk);
+                    let mw = f16_at(blk + 2u);
+                    for (var b = 0u; b < TILE; b++) {
+                        if b < n_b {
+                            let a = (b0 + b) * p.n_sub + c;
+                            let i = 8u * b + kk;
+                            acc[i] = fma(dw * xd[a], f32(dot(q, vec4<i32>(xq[8u * a + k]))), acc[i]);
+                            if with_min && k == 0u {
+                                mins[i] += mw * xs[a];
+                            }
                         }
                     }
                 }
             }
         }
     }
-    for (var b = 0u; b < TILE; b++) {
-        lanes_acc[b * 64u + lid] = acc[b];
-        lanes_min[b * 64u + lid] = mins[b];
+    if LANES > 1u {
+        // one lane per thread: gather the row's eight lanes in workgroup memory for lane 0
+        for (var b = 0u; b < TILE; b++) {
+            lanes_acc[b * 64u + lid] = acc[8u * b];
+            lanes_min[b * 64u + lid] = mins[8u * b];
+        }
+        workgroupBarrier();
+        if lane0 == 0u {
+            for (var b = 0u; b < TILE; b++) {
+                for (var kk = 0u; kk < 8u; kk++) {
+                    acc[8u * b + kk] = lanes_acc[b * 64u + lid + kk];
+                    mins[8u * b + kk] = lanes_min[b * 64u + lid + kk];
+                }
+            }
+        }
     }
-    workgroupBarrier();
-    if k == 0u && r < p.rows {
+    if lane0 == 0u && r < p.rows {
         for (var b = 0u; b < TILE; b++) {
             if b < n_b {
-                let o = b * 64u + lid;  // lane 0 of this row; lanes o+1 .. o+7
-                let sum = ((lanes_acc[o] + lanes_acc[o + 4u]) + (lanes_acc[o + 2u] + lanes_acc[o + 6u]))
-                    + ((lanes_acc[o + 1u] + lanes_acc[o + 5u]) + (lanes_acc[o + 3u] + lanes_acc[o + 7u]));
-                var mn = lanes_min[o];
+                var mn = mins[8u * b];
                 if FMT == T_Q4_K {
-                    mn = (lanes_min[o] + lanes_min[o + 2u]) + (lanes_min[o + 1u] + lanes_min[o + 3u]);
+                    mn = (mins[8u * b] + mins[8u * b + 2u]) + (mins[8u * b + 1u] + mins[8u * b + 3u]);
                 }
-                y[(b0 + b) * p.out_cols + p.row0 + r] = sum + mn;
+                y[(b0 + b) * p.out_cols + p.row0 + r] = hsum8_at(&acc, 8u * b) + mn;
             }
         }
     }
