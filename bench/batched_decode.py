@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import platform
 import statistics
 import time
@@ -228,6 +229,7 @@ def main() -> None:
     path = str(resolve_model_path(args.model))
     ours = HyserveSide(args.model, args.threads)
     llama = LlamaSide(path, args.threads)
+    load_before = os.getloadavg()
     runs = [measure([llama, ours], k, args.rounds, args.block, args.warmup) for k in args.ks]
     base = {name: runs[0]["step_ms"][name] for name in ("hyserve", "llama.cpp")}
     for r in runs:
@@ -239,7 +241,13 @@ def main() -> None:
         "rounds": args.rounds,
         "block": args.block,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            # other work on a shared machine slows compute-bound steps (large k) most
+            "loadavg_before_after": [load_before, os.getloadavg()],
+        },
         "hyserve_simd": ours.simd,
         "llama_cpp_version": llama.version,
         "runs": runs,
