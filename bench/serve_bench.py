@@ -1,8 +1,11 @@
 """Serving benchmark: N concurrent streaming gRPC clients against one `hyserve serve --parallel N`.
 
 For N in (1, 4, 8): aggregate generated tokens/s, time to first token and inter-token latency
-(p50/p99), measured by real gRPC clients on 127.0.0.1. Also the gRPC streaming overhead: one
-client's generation time against the same greedy generation in-process (same prompt, same tokens).
+(p50/p99), measured by real gRPC clients on 127.0.0.1. Also the gRPC streaming overhead: the same
+greedy request (same prompt token ids, same max_tokens) through an in-process `Engine` configured
+as the server's (one slot, same context, same GIL switch interval, same warm-up request first) and
+through the one-client server, samples alternating; reported as the median of the paired ratios
+(server time / in-process time - 1). Only one side runs at a time.
 Prints JSON and writes JSON + PNG under bench/results/.
 
     python bench/serve_bench.py [--clients 1 4 8] [--max-tokens 64] [--threads 2]
@@ -41,14 +44,15 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def one_stream(target: str, prompt: str, max_tokens: int, out: list[dict]) -> None:
+def one_stream(target: str, prompt: str | list[int], max_tokens: int, out: list[dict]) -> None:
     from hyserve_client import HyserveClient
 
+    source = {"token_ids": prompt} if isinstance(prompt, list) else {"text": prompt}
     with HyserveClient(target) as client:
         start = time.perf_counter()
         stamps: list[float] = []
         n_tokens = 0
-        for event in client.generate(prompt, max_tokens=max_tokens, ignore_eos=True):
+        for event in client.generate(**source, max_tokens=max_tokens, ignore_eos=True):
             kind = type(event).__name__
             if kind == "Delta":
                 stamps.append(time.perf_counter())
@@ -83,33 +87,70 @@ def run_clients(target: str, n: int, max_tokens: int) -> dict:
     }
 
 
-def in_process_seconds(prompt: str, max_tokens: int, threads: int) -> float:
-    import hyserve_kernels
+class InProcessEngine:
+    """The server's engine without the server: one slot, the same context and GIL switch interval."""
 
-    from hyserve.engine.generator import StopRule, generate
-    from hyserve.engine.sampling import SamplingParams
-    from hyserve.model.loader import load_model
+    def __init__(self, threads: int, n_ctx: int) -> None:
+        import hyserve_kernels
 
-    hyserve_kernels.set_num_threads(threads)
-    model = load_model("default")
-    tokens = model.tokenizer.encode(prompt)
-    stop = StopRule(max_tokens=max_tokens, ignore_eos=True)
-    list(generate(model, tokens, SamplingParams(), stop))  # warm-up
-    samples = []
-    for _ in range(3):
+        from hyserve.api.server import GIL_SWITCH_INTERVAL_S
+        from hyserve.engine.engine import Engine, EngineConfig
+        from hyserve.model.loader import load_model
+
+        hyserve_kernels.set_num_threads(threads)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.model = load_model("default")
+        self.engine = Engine(self.model.arch, self.model.tokenizer, EngineConfig(n_slots=1, n_ctx=n_ctx))
+        self.engine.start()
+        self._n = 0
+
+    def seconds(self, tokens: list[int], max_tokens: int) -> float:
+        """Submit to the end event of one greedy request, as a client sees a stream end."""
+        from hyserve.engine.generator import StopRule
+        from hyserve.engine.sampling import SamplingParams
+        from hyserve.engine.task import FailedEvent, FinishedEvent, Task
+
+        done = threading.Event()
+        ends: list[object] = []
+
+        def sink(event: object) -> None:
+            if isinstance(event, FinishedEvent | FailedEvent):
+                ends.append(event)
+                done.set()
+
+        self._n += 1
+        task = Task(f"bench-{self._n}", tuple(tokens), SamplingParams(), StopRule(max_tokens, ignore_eos=True), sink)
         start = time.perf_counter()
-        list(generate(model, tokens, SamplingParams(), stop))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        self.engine.submit(task)
+        done.wait()
+        elapsed = time.perf_counter() - start
+        assert isinstance(ends[0], FinishedEvent), ends[0]
+        return elapsed
+
+    def close(self) -> None:
+        self.engine.shutdown()
 
 
-def grpc_seconds(target: str, prompt: str, max_tokens: int) -> float:
-    samples = []
-    for _ in range(3):
+def grpc_overhead(target: str, local: InProcessEngine, max_tokens: int, repeats: int) -> dict:
+    """Alternating samples of the same request in-process and through the server (after one warm-up
+    each, which also leaves both with the same cached prompt)."""
+    tokens = local.model.tokenizer.encode(PROMPTS[0])
+
+    def remote() -> float:
         out: list[dict] = []
-        one_stream(target, prompt, max_tokens, out)
-        samples.append(out[0]["seconds"])
-    return statistics.median(samples)
+        one_stream(target, tokens, max_tokens, out)
+        return out[0]["seconds"]
+
+    local.seconds(tokens, max_tokens)
+    remote()
+    pairs = [(local.seconds(tokens, max_tokens), remote()) for _ in range(repeats)]
+    ratios = [g / i for i, g in pairs]
+    return {
+        "in_process_s": statistics.median(i for i, _ in pairs),
+        "grpc_one_client_s": statistics.median(g for _, g in pairs),
+        "grpc_overhead": statistics.median(ratios) - 1.0,
+        "grpc_overhead_samples": [r - 1.0 for r in ratios],
+    }
 
 
 def draw(result: dict, png: Path) -> None:
@@ -140,11 +181,12 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--overhead-repeats", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    base_s = in_process_seconds(PROMPTS[0], args.max_tokens, args.threads)
+    local = InProcessEngine(args.threads, n_ctx=1024)
     rows = []
     for n in args.clients:
         log = args.out / f"serve_bench_server_{n}.log"
@@ -153,17 +195,16 @@ def main() -> None:
             run_clients(target, n, 8)  # warm-up
             rows.append(run_clients(target, n, args.max_tokens))
             if n == 1:
-                grpc_s = grpc_seconds(target, PROMPTS[0], args.max_tokens)
+                overhead = grpc_overhead(target, local, args.max_tokens, args.overhead_repeats)
         log.unlink(missing_ok=True)
+    local.close()
     one = next(r for r in rows if r["clients"] == 1)
     result = {
         "model": "gemma-3-270m-q4_k_m (default)",
         "threads": args.threads,
         "max_tokens": args.max_tokens,
         "concurrency": rows,
-        "in_process_s": base_s,
-        "grpc_one_client_s": grpc_s,
-        "grpc_overhead": grpc_s / base_s - 1.0,
+        **overhead,
         "speedup_vs_one_client": {r["clients"]: r["aggregate_tok_s"] / one["aggregate_tok_s"] for r in rows},
     }
     (args.out / "serve_gemma3_270m.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -131,12 +131,15 @@ def test_matmul_matches_reference(t: GGMLQuantizationType, rows: int, m: int, si
 
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_is_batch_invariant(t: GGMLQuantizationType, simd_path: str) -> None:
+    """Every decode batch size k = 1..16 (the multi-row streaming path's register blocks and their
+    remainders) and prompt-sized batches give each row the bits of its one-row product."""
     cols = cols_for(t)
-    w, _, x = weight_and_input(t, 33, cols, 9)
+    w, _, x = weight_and_input(t, 33, cols, 21)
     full = hk.matmul(w, x)
     for i in range(len(x)):
         np.testing.assert_array_equal(hk.matmul(w, x[i : i + 1])[0], full[i])
-    np.testing.assert_array_equal(hk.matmul(w, x[2:7]), full[2:7])
+    for k in range(2, 18):
+        np.testing.assert_array_equal(hk.matmul(w, x[3 : 3 + k]), full[3 : 3 + k], err_msg=f"k={k}")
 
 
 def test_matmul_many_equals_separate_calls(simd_path: str) -> None:
@@ -218,7 +221,7 @@ def k_test_activations(rng: np.random.Generator, m: int, cols: int) -> np.ndarra
 
 
 @pytest.mark.parametrize("t", KQUANTS, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows,m", [(37, 1), (24, 6)])
+@pytest.mark.parametrize("rows,m", [(37, 1), (24, 6), (9, 13)])
 def test_kquant_matmul_is_bit_identical_to_llama_cpp(
     t: GGMLQuantizationType, rows: int, m: int, simd_path: str, ggml: ctypes.CDLL
 ) -> None:

@@ -30,6 +30,11 @@ const WTILE: usize = 4;
 /// How far ahead of the weight row being read the row-at-a-time path prefetches: the hardware
 /// prefetchers stop at 4 KiB pages, which left a single weight stream at ~5 GB/s per core.
 const PREFETCH_AHEAD: usize = 4096;
+/// Up to this many activation rows (a decode step of that many sequences) the weights stream from
+/// memory once per step: each weight row is prefetched ahead as in the one-row path and then dotted
+/// with every activation row, in register blocks of up to 8 rows (`vec_dot_rows`), while it sits in
+/// L1. Above it (prompts) the 4x4 tiles over cache-resident chunks win.
+const STREAM_MAX: usize = 16;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -63,7 +68,7 @@ pub fn matmul_many(
     let act_for = |t: GgmlType| &acts.iter().find(|(f, _)| *f == t.act_format()).unwrap().1;
 
     // Rows per task: enough work per task to hide scheduling, small enough to stay in L1/L2.
-    let chunk = if m == 1 { 64 } else { 16 };
+    let chunk = if m <= STREAM_MAX { 64 } else { 16 };
     let tasks: Vec<(usize, usize)> = ws
         .iter()
         .enumerate()
@@ -84,6 +89,14 @@ pub fn matmul_many(
         let tiled = has_tile(w.t);
         // SAFETY (writes): (r, n) pairs are disjoint across tasks and within bounds (asserted above).
         let put = |r: usize, n: usize, v: f32| unsafe { *out.0.add(r * w.rows + n) = v };
+        let rb = w.t.row_bytes(w.cols);
+        if m <= STREAM_MAX {
+            for n in start..end {
+                prefetch(w.data, n * rb + PREFETCH_AHEAD, rb);
+                stream_row(w, acts, n, m, put);
+            }
+            return;
+        }
         let mut r = 0;
         while r + TILE <= m {
             let mut n = start;
@@ -98,21 +111,53 @@ pub fn matmul_many(
             }
             r += TILE;
         }
-        // Rows left after the 4-row tiles: their weights are still in cache, so tiles pay. With
-        // fewer than TILE rows (decode) the weights stream from memory: one weight row at a time
-        // with the stream prefetched ahead is faster there (measured in the commit message).
-        let rb = w.t.row_bytes(w.cols);
+        // Rows left after the 4-row tiles: their weights are still in cache, so tiles pay.
         for r in r..m {
             let mut n = start;
-            if tiled && m >= TILE {
+            if tiled {
                 n = tiles::<WTILE, 1>(w, acts, r, n, end, put);
             }
             for n in n..end {
-                prefetch(w.data, n * rb + PREFETCH_AHEAD, rb);
                 put(r, n, vec_dot(w.t, w.row(n), acts, r));
             }
         }
     });
+}
+
+/// Weight row `n` against all `m` activation rows in register blocks of 8 rows, then 4, then one
+/// block of the 1-3 rows left (each block reads the weight row once; it stays in L1 across blocks;
+/// 8 rows amortize a block's unpacking best while the accumulators still fit in registers).
+#[inline]
+fn stream_row(w: &Weight, acts: &Activations, n: usize, m: usize, put: impl Fn(usize, usize, f32)) {
+    let row = w.row(n);
+    let mut r = 0;
+    while r + 8 <= m {
+        for (i, v) in vec_dot_rows::<8>(w.t, row, acts, r).into_iter().enumerate() {
+            put(r + i, n, v);
+        }
+        r += 8;
+    }
+    while r + TILE <= m {
+        for (i, v) in vec_dot_rows::<TILE>(w.t, row, acts, r)
+            .into_iter()
+            .enumerate()
+        {
+            put(r + i, n, v);
+        }
+        r += TILE;
+    }
+    match m - r {
+        3 => vec_dot_rows::<3>(w.t, row, acts, r)
+            .into_iter()
+            .enumerate()
+            .for_each(|(i, v)| put(r + i, n, v)),
+        2 => vec_dot_rows::<2>(w.t, row, acts, r)
+            .into_iter()
+            .enumerate()
+            .for_each(|(i, v)| put(r + i, n, v)),
+        1 => put(r, n, vec_dot(w.t, row, acts, r)),
+        _ => {}
+    }
 }
 
 /// Weight rows `n .. end` in groups of W against activation rows `r .. r+R` with the fused tile;

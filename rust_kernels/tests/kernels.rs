@@ -252,7 +252,10 @@ fn tiles_are_bit_identical_to_one_row_dot() {
             check_tile::<4, 1>(t, &mut rng);
             check_tile::<4, 4>(t, &mut rng);
             check_tile::<2, 3>(t, &mut rng);
+            check_tile::<1, 8>(t, &mut rng);
             check_tile::<1, 4>(t, &mut rng);
+            check_tile::<1, 3>(t, &mut rng);
+            check_tile::<1, 2>(t, &mut rng);
             check_tile::<3, 1>(t, &mut rng);
         }
         assert_eq!(has_tile(t), simd::use_avx2() && TILED.contains(&t), "{t:?}");
@@ -290,7 +293,8 @@ fn tiles_match_one_row_dot_on_extreme_activations() {
 }
 
 /// Odd shapes through `matmul_many`: row counts that leave partial weight tiles and partial
-/// activation tiles, several weights in one call, every row equal to its one-row result.
+/// activation tiles, every batch size of a decode step (1..=16) and two prompt sizes, several
+/// weights in one call, every row equal to its one-row result.
 #[test]
 fn matmul_odd_shapes_match_one_row_results() {
     let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
@@ -316,7 +320,8 @@ fn matmul_odd_shapes_match_one_row_results() {
                 cols,
             })
             .collect();
-        for m in [1usize, 2, 3, 5, 7, 9] {
+        // 1..=16: the streaming (decode) path's register blocks and remainders; 17, 21: the tiles.
+        for m in (1usize..=17).chain([21]) {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
             let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; m * w.rows]).collect();
             let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();

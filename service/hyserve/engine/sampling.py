@@ -48,20 +48,71 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum())
 
 
+def top_candidates(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values of `x`, by descending value then ascending index (the order
+    of a stable descending sort), without sorting or copying the whole row: a threshold from a
+    strided sample of the row is lowered until at least k values reach it, which makes the
+    candidates a superset of the top k; only the candidates are sorted."""
+    n = len(x)
+    k = min(k, n)
+    stride = max(1, n // 4096)
+    sample = x[::stride]
+    q = min(len(sample), k * len(sample) // n + 8)  # sample rank expected to cover k with margin
+    while True:
+        if q >= len(sample):
+            cand = np.arange(n)
+            break
+        thr = np.partition(sample, len(sample) - q)[len(sample) - q]
+        cand = np.flatnonzero(x >= thr)
+        if len(cand) >= k:
+            break
+        q *= 4
+    order = cand[np.lexsort((cand, -x[cand]))]
+    return order[:k]
+
+
 def sample(logits: np.ndarray, history: Sequence[int], p: SamplingParams, rng: np.random.Generator) -> int:
+    """Greedy: the first maximum. Otherwise temperature, then top-k, top-p and min-p over the
+    candidates in descending order, as llama.cpp's sampler chain; only candidates are sorted."""
     logits = apply_penalties(logits, history, p)
     if p.greedy:
         return int(np.argmax(logits))
-    x = logits.astype(np.float64) / p.temperature
-    order = np.argsort(-x, kind="stable")
     if p.top_k > 0:
-        order = order[: p.top_k]
-    probs = np.exp(x[order] - x[order[0]])
-    probs /= probs.sum()
+        order = top_candidates(logits, p.top_k)
+        x = logits[order].astype(np.float64) / p.temperature
+        probs = np.exp(x - x[0])
+        probs /= probs.sum()
+    else:
+        order, probs = _nucleus(logits, p)
     keep = len(order)
     if p.top_p < 1.0:
         keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
     if p.min_p > 0.0:
         keep = min(keep, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
-    order, probs = order[:keep], probs[:keep]
-    return int(order[rng.choice(len(order), p=probs / probs.sum())])
+    return int(order[_draw(probs[:keep], rng)])
+
+
+def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """An index drawn with weights `probs`: `rng.choice(len(probs), p=probs / probs.sum())`'s
+    inverse-CDF draw (same random number, same result) without its validation passes."""
+    cdf = np.cumsum(probs / probs.sum())
+    cdf /= cdf[-1]
+    return min(int(np.searchsorted(cdf, rng.random(), side="right")), len(cdf) - 1)
+
+
+def _nucleus(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Without top-k: the smallest descending prefix of the vocabulary that contains the top-p and
+    min-p cut points, with probabilities normalised over the whole vocabulary. With neither cut,
+    the whole vocabulary in index order (sampling needs no order)."""
+    x = logits.astype(np.float64) / p.temperature
+    e = np.exp(x - x.max())
+    total = e.sum()
+    if p.top_p >= 1.0 and p.min_p <= 0.0:
+        return np.arange(len(x)), e / total
+    c = 64
+    while True:
+        order = top_candidates(x, c)
+        probs = e[order] / total
+        if c >= len(x) or (p.top_p < 1.0 and probs.sum() >= p.top_p) or probs[-1] < p.min_p * probs[0]:
+            return order, probs
+        c *= 8
