@@ -186,3 +186,18 @@ def test_bad_shapes_are_value_errors(gpu_device) -> None:
         dev.tensor(np.zeros((2, 32), np.float32)).reshape(3, -1)
     with pytest.raises(ValueError, match="adapter"):
         hk.GpuDevice(None, "no such adapter name", allow_software=True)
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_lanes_give_the_same_bits(t: T) -> None:
+    """One thread per weight row (software adapters) or eight (GPUs): the CPU's eight float lanes
+    either way, so the same bits."""
+    try:
+        one = hk.GpuDevice(None, None, allow_software=True, lanes=1)
+        eight = hk.GpuDevice(None, None, allow_software=True, lanes=8)
+    except ValueError as exc:
+        pytest.skip(f"no wgpu adapter on this machine: {exc}")
+    m, _ = random_matrix(t, 37, cols_for(t))
+    x = np.random.default_rng(8).standard_normal((9, cols_for(t))).astype(np.float32)
+    a = one.to_host(one.matmul(one.matrix(m), one.tensor(x)))
+    np.testing.assert_array_equal(a, eight.to_host(eight.matmul(eight.matrix(m), eight.tensor(x))))
