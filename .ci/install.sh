@@ -17,10 +17,11 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 # Mesa's software Vulkan driver (lavapipe): the wgpu GPU path runs on it where no GPU exists
-# (`--device gpu`; the GPU tests). Debian only; skipped where a Vulkan driver is already installed.
+# (`--device gpu`; the GPU tests). Debian only; skipped where it is installed; a failure only warns.
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers >/dev/null; } \
+        || echo "install.sh: could not install mesa-vulkan-drivers; --device gpu will need a Vulkan driver" >&2
 fi
 
 extras="default-model"
