@@ -397,3 +397,15 @@ def test_bad_cache_options_are_rejected_and_change_nothing(served: Served) -> No
     after = stats(served.target)
     assert after.counters == before.counters and after.slots == before.slots
     assert after.prefix_store == before.prefix_store
+
+
+def test_cache_stats_say_where_the_state_lives(served: Served) -> None:
+    """CacheStats.memory: the slots' KV caches on the GPU device with --device gpu, nothing there on
+    the CPU; host memory holds the rest (checkpoints with logits at least, after a request)."""
+    served.ask(chat(1))
+    memory = stats(served.target).memory
+    if served.kind.endswith("-gpu"):
+        assert memory.device_bytes > 0
+    else:
+        assert memory.device_bytes == 0
+    assert memory.host_bytes > 0

@@ -220,7 +220,8 @@ def test_enums() -> None:
 
 
 def test_cache_stats_and_model_info_fields() -> None:
-    assert set(_fields("CacheStatsResponse")) == {"slots", "prefix_store", "counters"}
+    assert set(_fields("CacheStatsResponse")) == {"slots", "prefix_store", "counters", "memory"}
+    assert set(_fields("MemoryUsage")) == {"device_bytes", "host_bytes"}
     assert {"index", "state", "task_id", "cached_tokens", "checkpoints"} <= set(_fields("SlotStats"))
     assert {"position", "kind", "bytes"} <= set(_fields("CheckpointInfo"))
     assert {"entries", "bytes"} <= set(_fields("PrefixStoreStats"))

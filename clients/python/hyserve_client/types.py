@@ -25,6 +25,7 @@ __all__ = [
     "FinishReason",
     "Finished",
     "MemoryKind",
+    "MemoryUsage",
     "ModelInfo",
     "PrefixStoreStats",
     "ReuseSource",
@@ -325,6 +326,18 @@ class PrefixStoreStats:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryUsage:
+    """Bytes the slots and the prompt cache hold: on the GPU device, and in host memory."""
+
+    device_bytes: int = 0
+    host_bytes: int = 0
+
+    @classmethod
+    def from_proto(cls, m: pb.MemoryUsage) -> MemoryUsage:
+        return cls(device_bytes=m.device_bytes, host_bytes=m.host_bytes)
+
+
+@dataclass(frozen=True, slots=True)
 class CacheCounters:
     """Cumulative cache counters since the server started."""
 
@@ -372,6 +385,7 @@ class CacheStats:
     slots: tuple[SlotStats, ...]
     prefix_store: PrefixStoreStats
     counters: CacheCounters
+    memory: MemoryUsage
 
     @classmethod
     def from_proto(cls, m: pb.CacheStatsResponse) -> CacheStats:
@@ -379,6 +393,7 @@ class CacheStats:
             slots=tuple(SlotStats.from_proto(s) for s in m.slots),
             prefix_store=PrefixStoreStats.from_proto(m.prefix_store),
             counters=CacheCounters.from_proto(m.counters),
+            memory=MemoryUsage.from_proto(m.memory),
         )
 
 

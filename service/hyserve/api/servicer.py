@@ -245,6 +245,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
             prefix_store=pb.PrefixStoreStats(
                 entries=stats.store.entries, bytes=stats.store.nbytes, budget_bytes=stats.store.budget
             ),
+            memory=pb.MemoryUsage(device_bytes=stats.memory.device_bytes, host_bytes=stats.memory.host_bytes),
             counters=pb.CacheCounters(
                 prompt_tokens_received=c.prompt_tokens_received,
                 prompt_tokens_reused=c.prompt_tokens_reused,

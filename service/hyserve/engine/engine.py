@@ -187,11 +187,20 @@ class StoreSnapshot:
 
 
 @dataclass(frozen=True)
+class MemoryUsage:
+    """Bytes the slots and the prompt cache hold, by where they live."""
+
+    device_bytes: int = 0
+    host_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     slots: tuple[SlotSnapshot, ...]
     counters: EngineCounters
     queued: int
     store: StoreSnapshot = StoreSnapshot()
+    memory: MemoryUsage = MemoryUsage()
 
 
 # --- slots and running tasks ---------------------------------------------------------------------
@@ -361,6 +370,7 @@ class Engine:
         self._counters = EngineCounters()
         self._snapshot: tuple[SlotSnapshot, ...] = self._take_snapshot()
         self._store_snapshot = StoreSnapshot(0, 0, self.store.budget)
+        self._memory_usage = MemoryUsage()
         # engine thread only:
         self._admissions = 0
         self._thread: threading.Thread | None = None
@@ -426,7 +436,9 @@ class Engine:
 
     def stats(self) -> EngineStats:
         with self._lock:
-            return EngineStats(self._snapshot, self._counters.copy(), len(self._queue), self._store_snapshot)
+            return EngineStats(
+                self._snapshot, self._counters.copy(), len(self._queue), self._store_snapshot, self._memory_usage
+            )
 
     def close(self) -> None:
         """Stop accepting tasks; queued and running ones go on (graceful drain)."""
@@ -885,9 +897,15 @@ class Engine:
             out.append(SlotSnapshot(slot.index, state, task_id, len(slot.tokens), checkpoints))
         return tuple(out)
 
+    def _memory(self) -> MemoryUsage:
+        host = self.store.bytes + sum(s.memory.host_bytes + s.checkpoints.nbytes + s.log.nbytes for s in self.slots)
+        return MemoryUsage(sum(s.memory.device_bytes for s in self.slots), host)
+
     def _publish(self) -> None:
         snapshot = self._take_snapshot()
         store = StoreSnapshot(len(self.store), self.store.bytes, self.store.budget)
+        memory = self._memory()
         with self._lock:
             self._snapshot = snapshot
             self._store_snapshot = store
+            self._memory_usage = memory

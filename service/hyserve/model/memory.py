@@ -18,6 +18,8 @@ class ContextFullError(ValueError):
 
 
 class KVCache:
+    on_device = False  # host memory (GpuKVCache: device memory)
+
     def __init__(self, n_ctx: int, n_kv_heads: int, head_dim: int) -> None:
         # np.zeros is lazily backed by the OS: untouched context costs no resident memory.
         self.k = np.zeros((n_ctx, n_kv_heads, head_dim), dtype=np.float16)
@@ -60,6 +62,8 @@ class WindowCache:
     finds every key it needs. Resuming further back needs a window checkpoint (`window_copy`).
     """
 
+    on_device = False
+
     def __init__(self, capacity: int, window: int, n_kv_heads: int, head_dim: int) -> None:
         if capacity % 8 or capacity < window + 16:
             raise ValueError(f"ring capacity {capacity} must be a multiple of 8 and >= window + 16")
@@ -86,6 +90,10 @@ class WindowCache:
         base = window_base(start, window)
         k, v = self.read(base, end)
         return k.view(np.uint16), v.view(np.uint16), base
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
 
     def window_copy(self, n: int) -> tuple[int, np.ndarray, np.ndarray]:
         """(first position, K, V) of what a query at position n needs: the state to resume at n."""
@@ -188,6 +196,17 @@ class SequenceMemory:
         if rings:
             capacity = min(r.capacity for r in rings.values())
             self.ring_valid_from = max(self.ring_valid_from, end - capacity)
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of this memory allocated on a GPU device."""
+        return sum(c.nbytes for c in self.kv.values() if c.on_device)
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of this memory allocated in host memory (KV caches on the CPU, recurrent states)."""
+        kv = sum(c.nbytes for c in self.kv.values() if not c.on_device)
+        return kv + sum(st.nbytes for st in self.recurrent.values())
 
     @property
     def has_attention(self) -> bool:

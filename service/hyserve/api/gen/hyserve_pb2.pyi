@@ -299,14 +299,24 @@ class CacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheStatsResponse(_message.Message):
-    __slots__ = ("slots", "prefix_store", "counters")
+    __slots__ = ("slots", "prefix_store", "counters", "memory")
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_STORE_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     slots: _containers.RepeatedCompositeFieldContainer[SlotStats]
     prefix_store: PrefixStoreStats
     counters: CacheCounters
-    def __init__(self, slots: _Optional[_Iterable[_Union[SlotStats, _Mapping]]] = ..., prefix_store: _Optional[_Union[PrefixStoreStats, _Mapping]] = ..., counters: _Optional[_Union[CacheCounters, _Mapping]] = ...) -> None: ...
+    memory: MemoryUsage
+    def __init__(self, slots: _Optional[_Iterable[_Union[SlotStats, _Mapping]]] = ..., prefix_store: _Optional[_Union[PrefixStoreStats, _Mapping]] = ..., counters: _Optional[_Union[CacheCounters, _Mapping]] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ...) -> None: ...
+
+class MemoryUsage(_message.Message):
+    __slots__ = ("device_bytes", "host_bytes")
+    DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device_bytes: int
+    host_bytes: int
+    def __init__(self, device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ...) -> None: ...
 
 class SlotStats(_message.Message):
     __slots__ = ("index", "state", "task_id", "cached_tokens", "checkpoints")

@@ -14,6 +14,8 @@ class GpuKVCache:
     """One attention layer's K/V cache on the device (f16, index == token position). Host copies
     (the prefix store) go through `host_copy` / `write` like the CPU cache's."""
 
+    on_device = True
+
     def __init__(self, device: hk.GpuDevice, n_ctx: int, n_kv: int, head_dim: int) -> None:
         self.device = device
         self.cache = device.kv_cache(n_ctx, n_kv, head_dim)

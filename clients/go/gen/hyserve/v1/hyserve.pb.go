@@ -1839,7 +1839,9 @@ type CacheStatsResponse struct {
 	// The shared host-memory prefix store.
 	PrefixStore *PrefixStoreStats `protobuf:"bytes,2,opt,name=prefix_store,json=prefixStore,proto3" json:"prefix_store,omitempty"`
 	// Counters since the server started.
-	Counters      *CacheCounters `protobuf:"bytes,3,opt,name=counters,proto3" json:"counters,omitempty"`
+	Counters *CacheCounters `protobuf:"bytes,3,opt,name=counters,proto3" json:"counters,omitempty"`
+	// Where the cached state lives: on the GPU device or in host memory.
+	Memory        *MemoryUsage `protobuf:"bytes,4,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1895,6 +1897,70 @@ func (x *CacheStatsResponse) GetCounters() *CacheCounters {
 	return nil
 }
 
+func (x *CacheStatsResponse) GetMemory() *MemoryUsage {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+// MemoryUsage is the memory the slots and the prompt cache hold, by where it lives.
+type MemoryUsage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes allocated on the GPU device (the slots' KV caches with --device gpu); 0 on the CPU.
+	DeviceBytes uint64 `protobuf:"varint,1,opt,name=device_bytes,json=deviceBytes,proto3" json:"device_bytes,omitempty"`
+	// Bytes allocated in host memory: the slots' memory on the CPU device (KV caches are allocated
+	// for the whole context, pages used as tokens arrive), recurrent states, checkpoints, kept
+	// inputs and the prefix store.
+	HostBytes     uint64 `protobuf:"varint,2,opt,name=host_bytes,json=hostBytes,proto3" json:"host_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryUsage) Reset() {
+	*x = MemoryUsage{}
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryUsage) ProtoMessage() {}
+
+func (x *MemoryUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryUsage.ProtoReflect.Descriptor instead.
+func (*MemoryUsage) Descriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *MemoryUsage) GetDeviceBytes() uint64 {
+	if x != nil {
+		return x.DeviceBytes
+	}
+	return 0
+}
+
+func (x *MemoryUsage) GetHostBytes() uint64 {
+	if x != nil {
+		return x.HostBytes
+	}
+	return 0
+}
+
 // SlotStats describes one slot.
 type SlotStats struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1914,7 +1980,7 @@ type SlotStats struct {
 
 func (x *SlotStats) Reset() {
 	*x = SlotStats{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +1992,7 @@ func (x *SlotStats) String() string {
 func (*SlotStats) ProtoMessage() {}
 
 func (x *SlotStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2005,7 @@ func (x *SlotStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlotStats.ProtoReflect.Descriptor instead.
 func (*SlotStats) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{20}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SlotStats) GetIndex() uint32 {
@@ -1996,7 +2062,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2074,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2087,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{21}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CheckpointInfo) GetPosition() uint32 {
@@ -2067,7 +2133,7 @@ type PrefixStoreStats struct {
 
 func (x *PrefixStoreStats) Reset() {
 	*x = PrefixStoreStats{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2145,7 @@ func (x *PrefixStoreStats) String() string {
 func (*PrefixStoreStats) ProtoMessage() {}
 
 func (x *PrefixStoreStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2158,7 @@ func (x *PrefixStoreStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefixStoreStats.ProtoReflect.Descriptor instead.
 func (*PrefixStoreStats) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{22}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PrefixStoreStats) GetEntries() uint32 {
@@ -2163,7 +2229,7 @@ type CacheCounters struct {
 
 func (x *CacheCounters) Reset() {
 	*x = CacheCounters{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2175,7 +2241,7 @@ func (x *CacheCounters) String() string {
 func (*CacheCounters) ProtoMessage() {}
 
 func (x *CacheCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2188,7 +2254,7 @@ func (x *CacheCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheCounters.ProtoReflect.Descriptor instead.
 func (*CacheCounters) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{23}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CacheCounters) GetPromptTokensReceived() uint64 {
@@ -2305,7 +2371,7 @@ type ModelInfoRequest struct {
 
 func (x *ModelInfoRequest) Reset() {
 	*x = ModelInfoRequest{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2383,7 @@ func (x *ModelInfoRequest) String() string {
 func (*ModelInfoRequest) ProtoMessage() {}
 
 func (x *ModelInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2396,7 @@ func (x *ModelInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfoRequest.ProtoReflect.Descriptor instead.
 func (*ModelInfoRequest) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{24}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{25}
 }
 
 // ModelInfoResponse describes the loaded model and the server.
@@ -2372,7 +2438,7 @@ type ModelInfoResponse struct {
 
 func (x *ModelInfoResponse) Reset() {
 	*x = ModelInfoResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2450,7 @@ func (x *ModelInfoResponse) String() string {
 func (*ModelInfoResponse) ProtoMessage() {}
 
 func (x *ModelInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2463,7 @@ func (x *ModelInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfoResponse.ProtoReflect.Descriptor instead.
 func (*ModelInfoResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{25}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ModelInfoResponse) GetModelPath() string {
@@ -2616,11 +2682,16 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\"B\n" +
 	"\x0eCancelResponse\x120\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x18.hyserve.v1.CancelStatusR\x06status\"\x13\n" +
-	"\x11CacheStatsRequest\"\xb9\x01\n" +
+	"\x11CacheStatsRequest\"\xea\x01\n" +
 	"\x12CacheStatsResponse\x12+\n" +
 	"\x05slots\x18\x01 \x03(\v2\x15.hyserve.v1.SlotStatsR\x05slots\x12?\n" +
 	"\fprefix_store\x18\x02 \x01(\v2\x1c.hyserve.v1.PrefixStoreStatsR\vprefixStore\x125\n" +
-	"\bcounters\x18\x03 \x01(\v2\x19.hyserve.v1.CacheCountersR\bcounters\"\xca\x01\n" +
+	"\bcounters\x18\x03 \x01(\v2\x19.hyserve.v1.CacheCountersR\bcounters\x12/\n" +
+	"\x06memory\x18\x04 \x01(\v2\x17.hyserve.v1.MemoryUsageR\x06memory\"O\n" +
+	"\vMemoryUsage\x12!\n" +
+	"\fdevice_bytes\x18\x01 \x01(\x04R\vdeviceBytes\x12\x1d\n" +
+	"\n" +
+	"host_bytes\x18\x02 \x01(\x04R\thostBytes\"\xca\x01\n" +
 	"\tSlotStats\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.hyserve.v1.SlotStateR\x05state\x12\x17\n" +
@@ -2743,7 +2814,7 @@ func file_hyserve_v1_hyserve_proto_rawDescGZIP() []byte {
 }
 
 var file_hyserve_v1_hyserve_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_hyserve_v1_hyserve_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_hyserve_v1_hyserve_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_hyserve_v1_hyserve_proto_goTypes = []any{
 	(ReuseSource)(0),           // 0: hyserve.v1.ReuseSource
 	(FinishReason)(0),          // 1: hyserve.v1.FinishReason
@@ -2771,15 +2842,16 @@ var file_hyserve_v1_hyserve_proto_goTypes = []any{
 	(*CancelResponse)(nil),     // 23: hyserve.v1.CancelResponse
 	(*CacheStatsRequest)(nil),  // 24: hyserve.v1.CacheStatsRequest
 	(*CacheStatsResponse)(nil), // 25: hyserve.v1.CacheStatsResponse
-	(*SlotStats)(nil),          // 26: hyserve.v1.SlotStats
-	(*CheckpointInfo)(nil),     // 27: hyserve.v1.CheckpointInfo
-	(*PrefixStoreStats)(nil),   // 28: hyserve.v1.PrefixStoreStats
-	(*CacheCounters)(nil),      // 29: hyserve.v1.CacheCounters
-	(*ModelInfoRequest)(nil),   // 30: hyserve.v1.ModelInfoRequest
-	(*ModelInfoResponse)(nil),  // 31: hyserve.v1.ModelInfoResponse
-	nil,                        // 32: hyserve.v1.CacheCounters.FullReprocessByReasonEntry
-	nil,                        // 33: hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
-	(*structpb.Struct)(nil),    // 34: google.protobuf.Struct
+	(*MemoryUsage)(nil),        // 26: hyserve.v1.MemoryUsage
+	(*SlotStats)(nil),          // 27: hyserve.v1.SlotStats
+	(*CheckpointInfo)(nil),     // 28: hyserve.v1.CheckpointInfo
+	(*PrefixStoreStats)(nil),   // 29: hyserve.v1.PrefixStoreStats
+	(*CacheCounters)(nil),      // 30: hyserve.v1.CacheCounters
+	(*ModelInfoRequest)(nil),   // 31: hyserve.v1.ModelInfoRequest
+	(*ModelInfoResponse)(nil),  // 32: hyserve.v1.ModelInfoResponse
+	nil,                        // 33: hyserve.v1.CacheCounters.FullReprocessByReasonEntry
+	nil,                        // 34: hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
+	(*structpb.Struct)(nil),    // 35: google.protobuf.Struct
 }
 var file_hyserve_v1_hyserve_proto_depIdxs = []int32{
 	7,  // 0: hyserve.v1.GenerateRequest.text:type_name -> hyserve.v1.TextInput
@@ -2789,7 +2861,7 @@ var file_hyserve_v1_hyserve_proto_depIdxs = []int32{
 	12, // 4: hyserve.v1.GenerateRequest.stopping:type_name -> hyserve.v1.StoppingCriteria
 	13, // 5: hyserve.v1.GenerateRequest.cache:type_name -> hyserve.v1.CacheOptions
 	10, // 6: hyserve.v1.ChatInput.messages:type_name -> hyserve.v1.ChatMessage
-	34, // 7: hyserve.v1.ChatInput.chat_template_kwargs:type_name -> google.protobuf.Struct
+	35, // 7: hyserve.v1.ChatInput.chat_template_kwargs:type_name -> google.protobuf.Struct
 	15, // 8: hyserve.v1.GenerateResponse.accepted:type_name -> hyserve.v1.Accepted
 	16, // 9: hyserve.v1.GenerateResponse.delta:type_name -> hyserve.v1.Delta
 	19, // 10: hyserve.v1.GenerateResponse.finished:type_name -> hyserve.v1.Finished
@@ -2800,28 +2872,29 @@ var file_hyserve_v1_hyserve_proto_depIdxs = []int32{
 	20, // 15: hyserve.v1.Finished.usage:type_name -> hyserve.v1.Usage
 	21, // 16: hyserve.v1.Finished.timings:type_name -> hyserve.v1.Timings
 	2,  // 17: hyserve.v1.CancelResponse.status:type_name -> hyserve.v1.CancelStatus
-	26, // 18: hyserve.v1.CacheStatsResponse.slots:type_name -> hyserve.v1.SlotStats
-	28, // 19: hyserve.v1.CacheStatsResponse.prefix_store:type_name -> hyserve.v1.PrefixStoreStats
-	29, // 20: hyserve.v1.CacheStatsResponse.counters:type_name -> hyserve.v1.CacheCounters
-	3,  // 21: hyserve.v1.SlotStats.state:type_name -> hyserve.v1.SlotState
-	27, // 22: hyserve.v1.SlotStats.checkpoints:type_name -> hyserve.v1.CheckpointInfo
-	4,  // 23: hyserve.v1.CheckpointInfo.kind:type_name -> hyserve.v1.CheckpointKind
-	32, // 24: hyserve.v1.CacheCounters.full_reprocess_by_reason:type_name -> hyserve.v1.CacheCounters.FullReprocessByReasonEntry
-	33, // 25: hyserve.v1.CacheCounters.reprocessed_tokens_by_reason:type_name -> hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
-	5,  // 26: hyserve.v1.ModelInfoResponse.memory_kind:type_name -> hyserve.v1.MemoryKind
-	6,  // 27: hyserve.v1.HyserveService.Generate:input_type -> hyserve.v1.GenerateRequest
-	22, // 28: hyserve.v1.HyserveService.Cancel:input_type -> hyserve.v1.CancelRequest
-	24, // 29: hyserve.v1.HyserveService.CacheStats:input_type -> hyserve.v1.CacheStatsRequest
-	30, // 30: hyserve.v1.HyserveService.ModelInfo:input_type -> hyserve.v1.ModelInfoRequest
-	14, // 31: hyserve.v1.HyserveService.Generate:output_type -> hyserve.v1.GenerateResponse
-	23, // 32: hyserve.v1.HyserveService.Cancel:output_type -> hyserve.v1.CancelResponse
-	25, // 33: hyserve.v1.HyserveService.CacheStats:output_type -> hyserve.v1.CacheStatsResponse
-	31, // 34: hyserve.v1.HyserveService.ModelInfo:output_type -> hyserve.v1.ModelInfoResponse
-	31, // [31:35] is the sub-list for method output_type
-	27, // [27:31] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	27, // 18: hyserve.v1.CacheStatsResponse.slots:type_name -> hyserve.v1.SlotStats
+	29, // 19: hyserve.v1.CacheStatsResponse.prefix_store:type_name -> hyserve.v1.PrefixStoreStats
+	30, // 20: hyserve.v1.CacheStatsResponse.counters:type_name -> hyserve.v1.CacheCounters
+	26, // 21: hyserve.v1.CacheStatsResponse.memory:type_name -> hyserve.v1.MemoryUsage
+	3,  // 22: hyserve.v1.SlotStats.state:type_name -> hyserve.v1.SlotState
+	28, // 23: hyserve.v1.SlotStats.checkpoints:type_name -> hyserve.v1.CheckpointInfo
+	4,  // 24: hyserve.v1.CheckpointInfo.kind:type_name -> hyserve.v1.CheckpointKind
+	33, // 25: hyserve.v1.CacheCounters.full_reprocess_by_reason:type_name -> hyserve.v1.CacheCounters.FullReprocessByReasonEntry
+	34, // 26: hyserve.v1.CacheCounters.reprocessed_tokens_by_reason:type_name -> hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
+	5,  // 27: hyserve.v1.ModelInfoResponse.memory_kind:type_name -> hyserve.v1.MemoryKind
+	6,  // 28: hyserve.v1.HyserveService.Generate:input_type -> hyserve.v1.GenerateRequest
+	22, // 29: hyserve.v1.HyserveService.Cancel:input_type -> hyserve.v1.CancelRequest
+	24, // 30: hyserve.v1.HyserveService.CacheStats:input_type -> hyserve.v1.CacheStatsRequest
+	31, // 31: hyserve.v1.HyserveService.ModelInfo:input_type -> hyserve.v1.ModelInfoRequest
+	14, // 32: hyserve.v1.HyserveService.Generate:output_type -> hyserve.v1.GenerateResponse
+	23, // 33: hyserve.v1.HyserveService.Cancel:output_type -> hyserve.v1.CancelResponse
+	25, // 34: hyserve.v1.HyserveService.CacheStats:output_type -> hyserve.v1.CacheStatsResponse
+	32, // 35: hyserve.v1.HyserveService.ModelInfo:output_type -> hyserve.v1.ModelInfoResponse
+	32, // [32:36] is the sub-list for method output_type
+	28, // [28:32] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_hyserve_v1_hyserve_proto_init() }
@@ -2846,14 +2919,14 @@ func file_hyserve_v1_hyserve_proto_init() {
 		(*GenerateResponse_Finished)(nil),
 	}
 	file_hyserve_v1_hyserve_proto_msgTypes[13].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[25].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[26].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hyserve_v1_hyserve_proto_rawDesc), len(file_hyserve_v1_hyserve_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
