@@ -124,3 +124,28 @@ def test_cancel_leaves_memory_untouched(model) -> None:
         np.testing.assert_array_equal(after.states[il][0], conv)
         np.testing.assert_array_equal(after.states[il][1], ssm)
     np.testing.assert_array_equal(run(model, memory, tokens[4:]), fresh(model, tokens)[4:])
+
+
+EXPECTED_KINDS = {
+    "qwen35": "MEMORY_KIND_HYBRID",
+    "qwen35moe": "MEMORY_KIND_HYBRID",
+    "qwen3next": "MEMORY_KIND_HYBRID",
+    "mamba2": "MEMORY_KIND_RECURRENT",
+    "llama": "MEMORY_KIND_ATTENTION_ONLY",
+    "qwen3": "MEMORY_KIND_ATTENTION_ONLY",
+}
+
+
+def test_model_info_memory_kind(model) -> None:
+    """ModelInfo.memory_kind names the memory each architecture keeps (qwen35 once said attention-only)."""
+    from hyserve.api.gen import hyserve_pb2 as pb
+    from hyserve.api.servicer import memory_kind
+
+    assert pb.MemoryKind.Name(memory_kind(model.arch)) == EXPECTED_KINDS[model.arch.name]
+
+
+def test_model_info_memory_kind_of_gemma3(gemma_model) -> None:
+    from hyserve.api.gen import hyserve_pb2 as pb
+    from hyserve.api.servicer import memory_kind
+
+    assert memory_kind(gemma_model.arch) == pb.MEMORY_KIND_SLIDING_WINDOW

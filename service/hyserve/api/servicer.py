@@ -99,8 +99,10 @@ def memory_kind(arch: Architecture) -> int:
     declared = getattr(arch, "memory_kind", None)
     if isinstance(declared, int):
         return declared
-    layers = getattr(arch, "layers", ())
-    if any(getattr(layer, "window", 0) for layer in layers):
+    memory = arch.new_memory(1)
+    if memory.recurrent:
+        return pb.MEMORY_KIND_HYBRID if memory.has_attention else pb.MEMORY_KIND_RECURRENT
+    if arch.sliding_windows():
         # hyserve keeps the full history of sliding-window layers: resumable anywhere
         return pb.MEMORY_KIND_SLIDING_WINDOW
     return pb.MEMORY_KIND_ATTENTION_ONLY
