@@ -81,7 +81,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     }
                 }
             } else if FMT == T_Q4_K || FMT == T_Q5_K || FMT == T_Q6_K {
-                let size = select(select(144u, 176u, FMT == T_Q5_K), 210u, FMT == T_Q6_K);
+                let size = block_bytes(FMT);
                 for (var sb = 0u; sb < p.n_sub / 8u; sb++) {
                     let blk = row + size * sb;
                     var qs: array<vec4<i32>, 8>;
@@ -136,7 +136,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             } else {
                 // legacy 32-blocks: Q4_0, Q5_0, Q8_0 against Q8_0; Q4_1, Q5_1 against Q8_1 (+ m * s)
-                let size = select(select(select(18u, 20u, FMT == T_Q4_1), select(22u, 24u, FMT == T_Q5_1), FMT >= T_Q5_0), 34u, FMT == T_Q8_0);
+                let size = block_bytes(FMT);
                 let with_min = FMT == T_Q4_1 || FMT == T_Q5_1;
                 for (var c = 0u; c < p.n_sub; c++) {
                     let blk = row + size * c;

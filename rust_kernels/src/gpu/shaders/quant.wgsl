@@ -17,6 +17,21 @@ const T_Q5_K: u32 = 13u;
 const T_Q6_K: u32 = 14u;
 const T_BF16: u32 = 30u;
 
+// Bytes of one block of a quantized format (32 weights; 256 for K-quants).
+fn block_bytes(fmt: u32) -> u32 {
+    switch fmt {
+        case T_Q4_0: { return 18u; }
+        case T_Q4_1: { return 20u; }
+        case T_Q5_0: { return 22u; }
+        case T_Q5_1: { return 24u; }
+        case T_Q8_0: { return 34u; }
+        case T_Q4_K: { return 144u; }
+        case T_Q5_K: { return 176u; }
+        case T_Q6_K: { return 210u; }
+        default: { return 0u; }
+    }
+}
+
 fn byte_at(off: u32) -> u32 {
     return (w[off >> 2u] >> ((off & 3u) * 8u)) & 0xffu;
 }
@@ -86,7 +101,7 @@ fn load32(fmt: u32, row: u32, s: u32, cols: u32, q: ptr<function, array<vec4<f32
         }
         case T_Q4_0, T_Q4_1: {
             // d, (m,) qs[16]: low nibbles are weights 0..15, high nibbles 16..31
-            let size = select(18u, 20u, fmt == T_Q4_1);
+            let size = block_bytes(fmt);
             let b = row + size * s;
             let qs = b + size - 16u;
             let off = select(vec4<f32>(8.0), vec4<f32>(0.0), fmt == T_Q4_1);
@@ -102,7 +117,7 @@ fn load32(fmt: u32, row: u32, s: u32, cols: u32, q: ptr<function, array<vec4<f32
         }
         case T_Q5_0, T_Q5_1: {
             // d, (m,) qh (32 fifth bits), qs[16]
-            let size = select(22u, 24u, fmt == T_Q5_1);
+            let size = block_bytes(fmt);
             let b = row + size * s;
             let qh = u32_at(b + size - 20u);
             let qs = b + size - 16u;
@@ -121,7 +136,7 @@ fn load32(fmt: u32, row: u32, s: u32, cols: u32, q: ptr<function, array<vec4<f32
             return vec2<f32>(f16_at(b), 0.0);
         }
         case T_Q8_0: {
-            let b = row + 34u * s;
+            let b = row + block_bytes(fmt) * s;
             for (var k = 0u; k < 8u; k++) {
                 (*q)[k] = i8x4(b + 2u + 4u * k);
             }
@@ -130,7 +145,7 @@ fn load32(fmt: u32, row: u32, s: u32, cols: u32, q: ptr<function, array<vec4<f32
         case T_Q4_K, T_Q5_K: {
             // Q4_K: d, dmin, scales[12], qs[128]; Q5_K: the same, then qh[32] before qs. Sub-block
             // j uses nibbles of qs[32*(j/2) ..], low for even j; bit j of qh[l] is Q5_K's fifth bit.
-            let size = select(144u, 176u, fmt == T_Q5_K);
+            let size = block_bytes(fmt);
             let b = row + size * (s / 8u);
             let j = s % 8u;
             let shift = vec4<u32>(4u * (j % 2u));
@@ -148,7 +163,7 @@ fn load32(fmt: u32, row: u32, s: u32, cols: u32, q: ptr<function, array<vec4<f32
         case T_Q6_K: {
             // ql[128], qh[64], scales[16] (i8), d; halves of 128, each four runs of 32. The i8
             // scales (one per 16 weights) come from q6k_scales: the returned scale is d alone.
-            let b = row + 210u * (s / 8u);
+            let b = row + block_bytes(fmt) * (s / 8u);
             let half = (s % 8u) / 4u;
             let part = s % 4u;
             let ql = b + 64u * half + 32u * (part % 2u);
@@ -172,7 +187,7 @@ fn load32(fmt: u32, row: u32, s: u32, cols: u32, q: ptr<function, array<vec4<f32
 
 // Q6_K keeps one i8 scale per 16 weights: those of sub-block s (first and second 16).
 fn q6k_scales(row: u32, s: u32) -> vec2<f32> {
-    let b = row + 210u * (s / 8u);
+    let b = row + block_bytes(T_Q6_K) * (s / 8u);
     let half = (s % 8u) / 4u;
     let part = s % 4u;
     let sc = b + 192u + 8u * half + 2u * part;
@@ -197,10 +212,10 @@ fn dequant32(fmt: u32, row: u32, s: u32, cols: u32, out: ptr<function, array<vec
 fn quad_q(fmt: u32, row: u32, e: u32) -> vec4<i32> {
     switch fmt {
         case T_Q8_0: {
-            return vec4<i32>(i8x4(row + 34u * (e / 32u) + 2u + e % 32u));
+            return vec4<i32>(i8x4(row + block_bytes(fmt) * (e / 32u) + 2u + e % 32u));
         }
         case T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1: {
-            let size = select(select(18u, 20u, fmt == T_Q4_1), select(22u, 24u, fmt == T_Q5_1), fmt >= T_Q5_0);
+            let size = block_bytes(fmt);
             let b = row + size * (e / 32u);
             let j = e % 32u;
             var v = (bytes4(b + size - 16u + j % 16u) >> vec4<u32>(4u * (j / 16u))) & vec4<u32>(0xfu);
@@ -212,7 +227,7 @@ fn quad_q(fmt: u32, row: u32, e: u32) -> vec4<i32> {
             return vec4<i32>(v) - vec4<i32>(off);
         }
         case T_Q4_K, T_Q5_K: {
-            let size = select(144u, 176u, fmt == T_Q5_K);
+            let size = block_bytes(fmt);
             let b = row + size * (e / 256u);
             let c = (e % 256u) / 32u;
             let l = e % 32u;
@@ -223,7 +238,7 @@ fn quad_q(fmt: u32, row: u32, e: u32) -> vec4<i32> {
             return vec4<i32>(v);
         }
         case T_Q6_K: {
-            let b = row + 210u * (e / 256u);
+            let b = row + block_bytes(fmt) * (e / 256u);
             let r = e % 256u;
             let half = r / 128u;
             let part = (r % 128u) / 32u;
