@@ -96,19 +96,8 @@ def chat_response(
     logprobs: dict[str, Any] | None,
     prompt_token_ids: Sequence[int] | None,
 ) -> dict[str, Any]:
-    assert done.finished is not None
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": "".join(done.text)},
-        "logprobs": logprobs,
-        "finish_reason": finish_reason(done.finished.reason),
-    }
-    body = _envelope("chat.completion", id_, created, model, [choice])
-    body["usage"] = usage_json(done.finished.usage)
-    if prompt_token_ids is not None:
-        body["prompt_token_ids"] = list(prompt_token_ids)
-        choice["token_ids"] = list(done.token_ids)
-    return body
+    message = {"message": {"role": "assistant", "content": "".join(done.text)}}
+    return _final_response("chat.completion", id_, created, model, done, message, logprobs, prompt_token_ids)
 
 
 def completion_response(
@@ -119,14 +108,30 @@ def completion_response(
     logprobs: dict[str, Any] | None,
     prompt_token_ids: Sequence[int] | None,
 ) -> dict[str, Any]:
+    text = {"text": "".join(done.text)}
+    return _final_response("text_completion", id_, created, model, done, text, logprobs, prompt_token_ids)
+
+
+def _final_response(
+    object_: str,
+    id_: str,
+    created: int,
+    model: str,
+    done: Completion,
+    content: dict[str, Any],
+    logprobs: dict[str, Any] | None,
+    prompt_token_ids: Sequence[int] | None,
+) -> dict[str, Any]:
+    """A non-streamed response of one choice: chat and completions differ only in the object name
+    and in how the choice carries the text."""
     assert done.finished is not None
     choice: dict[str, Any] = {
         "index": 0,
-        "text": "".join(done.text),
+        **content,
         "logprobs": logprobs,
         "finish_reason": finish_reason(done.finished.reason),
     }
-    body = _envelope("text_completion", id_, created, model, [choice])
+    body = _envelope(object_, id_, created, model, [choice])
     body["usage"] = usage_json(done.finished.usage)
     if prompt_token_ids is not None:
         body["prompt_token_ids"] = list(prompt_token_ids)
