@@ -8,7 +8,6 @@ deadline passed, the server stops), the call cancels its own task, and only that
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +17,10 @@ import grpc.aio
 import structlog
 
 import hyserve
+from hyserve.api.early_cancel import EarlyCancels
 from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
+from hyserve.api.prepare_pool import run_prepare
 from hyserve.api.tasks import SESSION_HEADER, TaskRun
 from hyserve.api.validation import RequestLimits, ValidationError, prepare_generate
 from hyserve.engine.cache_plan import CheckpointKind
@@ -111,6 +112,7 @@ def memory_kind(arch: Architecture) -> int:
 class HyserveServicer(pb_grpc.HyserveServiceServicer):
     def __init__(self) -> None:
         self.runtime: Runtime | None = None  # set by the server once the model is loaded and warm
+        self.early_cancels = EarlyCancels()  # Cancels that came before their Generate's task
 
     async def _ready(self, context: grpc.aio.ServicerContext) -> Runtime:
         runtime = self.runtime
@@ -127,7 +129,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         runtime = await self._ready(context)
         model = runtime.model
         try:
-            prepared = await asyncio.to_thread(
+            prepared = await run_prepare(
                 prepare_generate, request, model.tokenizer, runtime.chat_template, runtime.limits
             )
         except ValidationError as exc:
@@ -145,6 +147,8 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
                 details += "; retry later"
             log.info("generate_rejected", task_id=run.task.id, code=code.name, reason=details)
             await context.abort(code, details)
+        if request.task_id and self.early_cancels.take(run.task.id):  # its Cancel came first
+            runtime.engine.cancel_task(run.task, CancelSource.RPC)
 
         try:
             async for event in run.events():
@@ -213,6 +217,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         outcome = runtime.engine.cancel(request.task_id, CancelSource.RPC)
         log.info("cancel", task_id=request.task_id, outcome=outcome.value)
         if outcome is CancelOutcome.NOT_FOUND:
+            self.early_cancels.remember(request.task_id)  # applied if its Generate is still on its way
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id!r} is known to this server")
         status = pb.CANCEL_STATUS_CANCELLED if outcome is CancelOutcome.CANCELLED else pb.CANCEL_STATUS_ALREADY_FINISHED
         return pb.CancelResponse(status=status)
