@@ -139,6 +139,10 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
 
         session = next((str(v) for k, v in context.invocation_metadata() or () if k == SESSION_HEADER), "")
         run = TaskRun(runtime.engine, prepared, session)
+        # a Cancel that came first: flagged before the engine can admit it, ended once it is queued
+        early = bool(request.task_id) and self.early_cancels.take(run.task.id)
+        if early:
+            run.task.request_cancel(CancelSource.RPC)
         try:
             run.submit()
         except (DuplicateTaskError, QueueFullError, EngineClosedError) as exc:
@@ -147,7 +151,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
                 details += "; retry later"
             log.info("generate_rejected", task_id=run.task.id, code=code.name, reason=details)
             await context.abort(code, details)
-        if request.task_id and self.early_cancels.take(run.task.id):  # its Cancel came first
+        if early:
             runtime.engine.cancel_task(run.task, CancelSource.RPC)
 
         try:
