@@ -9,7 +9,6 @@ The response and chunk `id` is the task id, so the gRPC Cancel RPC can stop an H
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -30,6 +29,7 @@ from hyserve.api.openai_http.responses import (
     logprobs_json,
     usage_json,
 )
+from hyserve.api.prepare_pool import run_prepare
 from hyserve.api.servicer import Runtime, model_info
 from hyserve.api.tasks import SESSION_HEADER, TaskRun
 from hyserve.api.validation import PreparedRequest, ValidationError, prepare_generate
@@ -156,9 +156,7 @@ class OpenAIFront:
         parsed = parse_chat(body, task_id) if kind == "chat" else parse_completion(body, task_id)
         tok = runtime.model.tokenizer
         try:
-            prepared = await asyncio.to_thread(
-                prepare_generate, parsed.generate, tok, runtime.chat_template, runtime.limits
-            )
+            prepared = await run_prepare(prepare_generate, parsed.generate, tok, runtime.chat_template, runtime.limits)
         except ValidationError as exc:
             log.info("http_rejected", task_id=task_id, reason=str(exc))
             raise OpenAIError(str(exc), validation_param(str(exc), kind)) from exc
