@@ -114,6 +114,12 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         self.runtime: Runtime | None = None  # set by the server once the model is loaded and warm
         self.early_cancels = EarlyCancels()  # Cancels that came before their Generate's task
 
+    @staticmethod
+    def _owner(context: grpc.aio.ServicerContext) -> str:
+        """Who a remembered early Cancel belongs to: one caller's Cancel never touches another's task.
+        Every caller is "" until tasks carry their caller's identity (issue 14, item 2)."""
+        return ""
+
     async def _ready(self, context: grpc.aio.ServicerContext) -> Runtime:
         runtime = self.runtime
         if runtime is None:
@@ -140,7 +146,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         session = next((str(v) for k, v in context.invocation_metadata() or () if k == SESSION_HEADER), "")
         run = TaskRun(runtime.engine, prepared, session)
         # a Cancel that came first: flagged before the engine can admit it, ended once it is queued
-        early = bool(request.task_id) and self.early_cancels.take(run.task.id)
+        early = bool(request.task_id) and self.early_cancels.take(run.task.id, self._owner(context))
         if early:
             run.task.request_cancel(CancelSource.RPC)
         try:
@@ -221,7 +227,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         outcome = runtime.engine.cancel(request.task_id, CancelSource.RPC)
         log.info("cancel", task_id=request.task_id, outcome=outcome.value)
         if outcome is CancelOutcome.NOT_FOUND:
-            self.early_cancels.remember(request.task_id)  # applied if its Generate is still on its way
+            self.early_cancels.remember(request.task_id, self._owner(context))  # for a Generate still on its way
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id!r} is known to this server")
         status = pb.CANCEL_STATUS_CANCELLED if outcome is CancelOutcome.CANCELLED else pb.CANCEL_STATUS_ALREADY_FINISHED
         return pb.CancelResponse(status=status)
