@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from server_process import running_server
 
 from hyserve.api.limits import default_max_prompt_bytes, receive_limit_bytes
@@ -41,6 +42,7 @@ MAX_QUEUED_TOKENS = 8192
 LARGEST_REPEATS = 10
 GENERATE = "/hyserve.v1.HyserveService/Generate"
 CANCEL = "/hyserve.v1.HyserveService/Cancel"
+HEALTH = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
 PROMPT = "Once upon a time"
 # The issue's bound is ~100 ms; the assertion allows more because other engineers' builds share
 # these 2 cores (the printed figures are the evidence, the assertion only catches a real stall).
@@ -187,6 +189,14 @@ def test_malformed_request_bytes_are_invalid_argument(target: str, client: Hyser
         with pytest.raises(grpc.RpcError) as info:
             cancel(b"\x0a\x02\xc3\x28", timeout=30)  # task_id with invalid UTF-8
         assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        for path in HEALTH:  # the standard services too
+            call = channel.unary_stream(path) if path.endswith("Watch") else channel.unary_unary(path)
+            with pytest.raises(grpc.RpcError) as info:
+                result = call(b"\xff\xff\xff", timeout=30)
+                list(result) if path.endswith("Watch") else None
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, path
+        check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING  # well-formed requests still work
     _, finished = client.generate_text(PROMPT, max_tokens=2)  # still serving
     assert finished.reason is FinishReason.MAX_TOKENS
 

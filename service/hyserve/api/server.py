@@ -35,6 +35,7 @@ from grpc_health.v1 import health as health_module
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from hyserve.api.decode_guard import DecodeGuard
 from hyserve.api.limits import (
     DEFAULT_STREAM_STALL_SECONDS,
     add_limit_arguments,
@@ -274,7 +275,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
 async def serve(config: ServeConfig) -> int:
     # a message too large to hold an acceptable prompt is refused by grpc before it is parsed
     receive = ("grpc.max_receive_message_length", receive_limit_bytes(config.prompt_bytes))
-    server = grpc.aio.server(options=[*SERVER_OPTIONS, receive])
+    server = grpc.aio.server(options=[*SERVER_OPTIONS, receive], interceptors=[DecodeGuard()])
     servicer = HyserveServicer()
     add_hyserve_service(servicer, server, config.stream_stall_seconds)
     health = health_module.aio.HealthServicer()
