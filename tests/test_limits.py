@@ -3,6 +3,10 @@ the queued-token bound, remembered early cancels, and sampling with extreme (fin
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+import threading
 import warnings
 
 import numpy as np
@@ -16,6 +20,7 @@ from hyserve.api.limits import (
     prompt_size_error,
     receive_limit_bytes,
 )
+from hyserve.api.prepare_pool import PREPARE_NICENESS, run_prepare
 from hyserve.api.validation import RequestLimits, ValidationError, prepare_generate
 from hyserve.engine.sampling import SamplingParams, apply_penalties, log_softmax, sample
 from hyserve.engine.scheduler import queued_tokens_error
@@ -153,3 +158,13 @@ def test_penalties_are_unchanged_for_ordinary_values() -> None:
         v = expect[t] / np.float32(1.1) if expect[t] > 0 else expect[t] * np.float32(1.1)
         expect[t] = v - np.float32(n) * np.float32(0.25) - np.float32(0.5)
     np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are a Linux feature")
+def test_requests_are_prepared_on_lower_priority_threads() -> None:
+    def where() -> tuple[str, int]:
+        return threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    name, nice = asyncio.run(run_prepare(where))
+    expect = min(19, os.getpriority(os.PRIO_PROCESS, 0) + PREPARE_NICENESS)
+    assert name.startswith("hyserve-prepare") and nice == expect

@@ -34,7 +34,8 @@ _pool_lock = threading.Lock()
 
 def _lower_priority() -> None:
     try:  # per thread on Linux; elsewhere (or without permission) the thread keeps its priority
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PREPARE_NICENESS)
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + PREPARE_NICENESS))
     except (AttributeError, OSError) as exc:
         log.debug("prepare_priority_unchanged", reason=str(exc))
 
