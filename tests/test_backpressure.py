@@ -9,9 +9,12 @@ machine is shared, so a tight bound would fail on other people's load, not on th
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_process import running_server
+from server_process import free_port, running_server
 
 from hyserve.api.limits import default_max_prompt_bytes, receive_limit_bytes
 from hyserve_client import (
@@ -54,10 +57,14 @@ RSS_GROWTH_BOUND_MIB = 200
 SMALL_WINDOW = [("grpc.http2.bdp_probe", 0)]
 
 
+HTTP_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("backpressure") / "server.log"
     args = ["--model", "default", "--parallel", "2", "--ctx-size", str(CTX), "--queue-size", "32"]
+    args += ["--http-port", str(HTTP_PORT)]
     args += ["--threads", "2", "--stream-stall-seconds", str(STALL_S)]
     args += ["--max-queued-prompt-tokens", str(MAX_QUEUED_TOKENS)]
     with running_server(log, *args) as t:
@@ -230,6 +237,29 @@ def test_size_limits_are_checked_on_bytes(client: HyserveClient) -> None:
     with pytest.raises(HyserveError) as info:
         client.generate_text(PROMPT, stop=["a"] * 17)
     assert info.value.code is grpc.StatusCode.INVALID_ARGUMENT and "stop_strings" in info.value.details
+
+
+def _post(path: str, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{HTTP_PORT}{path}", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_http_front_has_the_same_limits(target: str) -> None:
+    limit = default_max_prompt_bytes(CTX)
+    too_big = json.dumps({"prompt": "x" * receive_limit_bytes(limit), "max_tokens": 1}).encode()
+    status, text = _post("/v1/completions", too_big)
+    assert status == 413 and "larger than this server accepts" in text
+    over = json.dumps({"prompt": "x" * (limit + 1), "max_tokens": 1}).encode()
+    status, text = _post("/v1/completions", over)
+    assert status == 400 and "--max-prompt-bytes" in text
+    status, text = _post("/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 2}).encode())
+    assert status == 200 and json.loads(text)["usage"]["completion_tokens"] == 2
 
 
 def test_a_cancel_sent_before_its_generate_is_applied_when_the_task_arrives(client: HyserveClient) -> None:

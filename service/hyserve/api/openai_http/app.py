@@ -18,6 +18,7 @@ from typing import Any, Literal
 import structlog
 from aiohttp import web
 
+from hyserve.api.limits import receive_limit_bytes
 from hyserve.api.openai_http.requests import OpenAIError, OpenAIRequest, parse_chat, parse_completion, validation_param
 from hyserve.api.openai_http.responses import (
     Completion,
@@ -63,6 +64,22 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         type_ = "not_found_error" if exc.status == 404 else "invalid_request_error"
         err = OpenAIError(f"{exc.reason}: {request.method} {request.path}", status=exc.status, type_=type_)
         return web.json_response(err.body(), status=exc.status)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body, refused (413) past `limit` bytes (the gRPC receive limit) before it is parsed on the loop."""
+    size = request.content_length or 0
+    chunks: list[bytes] = []
+    if size <= limit:
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                break
+            chunks.append(chunk)
+    if size > limit:
+        raise OpenAIError(f"the request body is larger than this server accepts ({limit} bytes)", status=413)
+    return b"".join(chunks)
 
 
 class OpenAIFront:
@@ -149,7 +166,7 @@ class OpenAIFront:
         self, request: web.Request, kind: Kind, runtime: Runtime
     ) -> tuple[OpenAIRequest, PreparedRequest]:
         try:
-            body = await request.json()
+            body = json.loads(await _read_body(request, receive_limit_bytes(runtime.limits.prompt_bytes)))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise OpenAIError(f"the request body is not valid JSON: {exc}") from exc
         task_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
