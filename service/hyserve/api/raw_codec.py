@@ -61,7 +61,8 @@ def _stream(
     stall_seconds: float,
 ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[None]]:
     async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> None:
-        responses = method(await parse_request(raw, message_type, context), context)
+        request = await parse_request(raw, message_type, context)
+        responses = method(request, context)
         try:
             async for response in responses:
                 try:
@@ -69,7 +70,7 @@ def _stream(
                         await context.write(response)
                 except TimeoutError:
                     await responses.aclose()  # the servicer's cleanup cancels its task, freeing the slot
-                    log.warning("stream_stalled", stall_seconds=stall_seconds)
+                    log.warning("stream_stalled", task_id=getattr(request, "task_id", ""), stall_seconds=stall_seconds)
                     await context.abort(
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"the client read nothing from its stream for {stall_seconds:g} s (--stream-stall-seconds); "
