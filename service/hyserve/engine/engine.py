@@ -508,7 +508,7 @@ class Engine:
                     reprocess_reason=run.plan.reason or "",
                 )
             )
-            if run.first_logits is not None:  # resumed at the prompt end: its logits were stored
+            if run.first_logits is not None and not run.task.cancelled:  # resumed at the prompt end: logits stored
                 logits, run.first_logits = run.first_logits, None
                 run.prompt_done_at = time.perf_counter()
                 self._sample_or_fail(run, logits.copy(), run.prompt_done_at)
