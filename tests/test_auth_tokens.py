@@ -36,11 +36,8 @@ class Server:
     metrics: str  # https://127.0.0.1:PORT/metrics
     log_path: Path
 
-    def client(self, who: str | None, **kwargs: object) -> HyserveClient:
-        token = self.tokens[who] if who else None
-        return HyserveClient(
-            self.target, timeout=120, credentials=tls_credentials(self.ca), token=token, **kwargs
-        )  # type: ignore[arg-type]
+    def client(self, who: str) -> HyserveClient:
+        return HyserveClient(self.target, timeout=120, credentials=tls_credentials(self.ca), token=self.tokens[who])
 
 
 def tls_health(ca: Path, token: str | None = None) -> object:
