@@ -7,7 +7,10 @@ Certificates and tokens are made at test time. One server for the module (Gemma 
 from __future__ import annotations
 
 import json
+import os
 import ssl
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -171,3 +174,23 @@ def test_the_metrics_endpoint_needs_the_token_too(server: Server) -> None:
     assert https(server.metrics, server.ca, "wrong")[0] == 401
     status, text = https(server.metrics, server.ca, server.tokens["bob"])
     assert status == 200 and "hyserve_num_requests_running" in text
+
+
+def test_the_cli_client_passes_the_token_and_the_ca(server: Server) -> None:
+    base = [sys.executable, "-m", "hyserve", "generate", "Hello", "--max-tokens", "2", "--target", server.target]
+    env = dict(os.environ)
+    env.pop("HYSERVE_TOKEN", None)
+    ok = subprocess.run(
+        [*base, "--tls-ca", str(server.ca), "--token", server.tokens["bob"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert ok.returncode == 0, ok.stderr
+    env["HYSERVE_TOKEN"] = server.tokens["alice"]
+    from_env = subprocess.run([*base, "--tls-ca", str(server.ca)], capture_output=True, text=True, timeout=120, env=env)
+    assert from_env.returncode == 0, from_env.stderr
+    env.pop("HYSERVE_TOKEN")
+    denied = subprocess.run([*base, "--tls-ca", str(server.ca)], capture_output=True, text=True, timeout=120, env=env)
+    assert denied.returncode == 1 and "UNAUTHENTICATED" in denied.stderr, denied.stderr
