@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -194,3 +195,29 @@ def test_the_cli_client_passes_the_token_and_the_ca(server: Server) -> None:
     env.pop("HYSERVE_TOKEN")
     denied = subprocess.run([*base, "--tls-ca", str(server.ca)], capture_output=True, text=True, timeout=120, env=env)
     assert denied.returncode == 1 and "UNAUTHENTICATED" in denied.stderr, denied.stderr
+
+
+TS_DIR = Path(__file__).resolve().parents[1] / "clients" / "typescript"
+TS_SCRIPT = """
+import { readFileSync } from "node:fs";
+import { HyserveClient } from "./dist/src/index.js";
+const [target, caFile, token] = process.argv.slice(1);
+const ca = readFileSync(caFile);
+const info = await new HyserveClient(target, { token, ca }).modelInfo();
+let denied = "none";
+try { await new HyserveClient(target, { ca }).modelInfo(); } catch (e) { denied = e.codeName; }
+console.log(JSON.stringify({ modelPath: info.modelPath, denied }));
+"""
+
+
+def test_the_typescript_client_passes_the_token_over_tls(server: Server) -> None:
+    tsc = TS_DIR / "node_modules" / ".bin" / "tsc"
+    if not tsc.exists() or shutil.which("node") is None:
+        pytest.skip("node or clients/typescript/node_modules missing (npm ci)")
+    build = subprocess.run([str(tsc), "-p", "."], cwd=TS_DIR, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    cmd = ["node", "--input-type=module", "-e", TS_SCRIPT, server.target, str(server.ca), server.tokens["alice"]]
+    out = subprocess.run(cmd, cwd=TS_DIR, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["denied"] == "UNAUTHENTICATED" and result["modelPath"].endswith(".gguf")
