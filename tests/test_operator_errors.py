@@ -4,8 +4,10 @@ no traceback unless --debug; and the non-loopback refusal."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,25 @@ def test_hash_token_prints_a_line_the_server_accepts(tmp_path: Path) -> None:
         cwd=REPO,
     )
     assert again.stdout.strip() == line
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port held by a listening socket on 127.0.0.1: a wildcard or loopback bind on it fails, so the
+    tests below never open a port beyond loopback."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield int(holder.getsockname()[1])
+
+
+def test_insecure_passes_the_refusal_with_a_warning(taken_port: int, corrupt: Path) -> None:
+    result = hyserve("serve", "--host", "0.0.0.0", "--insecure", "--port", str(taken_port), "--model", str(corrupt))
+    assert result.returncode == 1 and "refusing" not in result.stderr
+    assert '"event": "listening_without_authentication"' in result.stderr and '"level": "warning"' in result.stderr
+
+
+def test_a_port_in_use_is_one_error_line(taken_port: int) -> None:
+    result = hyserve("serve", "--port", str(taken_port))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert '"event": "listen_failed"' in result.stderr

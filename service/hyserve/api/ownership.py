@@ -5,8 +5,9 @@ A caller's owner name is, in this order:
 - else with mutual TLS (`--tls-client-ca`): `cert:` + the client certificate's common name;
 - else `peer:` + the caller's IP address, without the port. Every connection from one host is one
   owner: a client may cancel over a second channel (a new connection, another port), and so may any
-  other process on that host. With auth off on loopback, all local clients are one owner; two
-  callers that must not touch each other's tasks need tokens or client certificates.
+  other process on that host. With auth off on loopback all local clients are one owner, and behind
+  a proxy all its clients are; callers that must not touch each other's tasks need tokens or client
+  certificates (a forwarded-for header is not trusted: any client could write it).
 
 A task belongs to the owner that submitted it. `Cancel` of a task that is not the caller's answers
 exactly as for an id never used (NOT_FOUND, same message), and `CacheStats` shows a running task's

@@ -272,9 +272,12 @@ async def serve(config: ServeConfig, security: Security | None = None) -> int:
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{config.host}:{config.port}"
-    port = security.add_port(server, address)
+    try:
+        port = security.add_port(server, address)
+    except RuntimeError:  # grpc raises where it used to return 0 (address in use, no such address)
+        port = 0
     if port == 0:
-        log.error("listen_failed", address=address)
+        log.error("listen_failed", address=address, hint="is the port in use or the address not on this host?")
         return 1
     await server.start()
     log.info("server_listening", host=config.host, port=port, **security.log_fields())
