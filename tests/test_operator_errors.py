@@ -74,6 +74,12 @@ def test_serve_with_a_broken_model_file_logs_one_error_line_without_traceback(co
     assert len(errors) == 1 and "bad magic" in errors[0], result.stderr
 
 
+def test_a_broken_or_missing_chat_template_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.jinja").write_text("{% if %}")
+    assert_one_line_error(hyserve("run", "hello", "--chat-template", str(tmp_path / "bad.jinja")), "syntax error")
+    assert_one_line_error(hyserve("run", "hello", "--chat-template", str(tmp_path / "none.jinja")), "none.jinja")
+
+
 def test_debug_shows_the_traceback(corrupt: Path) -> None:
     result = hyserve("run", "hello", "--model", str(corrupt), "--debug")
     assert result.returncode != 0 and "Traceback" in result.stderr and "bad magic" in result.stderr

@@ -20,15 +20,10 @@ class OperatorError(ValueError):
 def is_operator_error(exc: BaseException) -> bool:
     from hyserve.api.security import SecurityError
     from hyserve.model.backend.select import DeviceError
+    from hyserve.model.chat_template import ChatTemplateError
     from hyserve.model.gguf_file import GGUFError
 
-    kinds: tuple[type[BaseException], ...] = (OperatorError, GGUFError, DeviceError, SecurityError, OSError)
-    try:
-        from jinja2 import TemplateError  # a broken --chat-template file
-
-        kinds += (TemplateError,)
-    except ImportError:
-        pass
+    kinds = (OperatorError, GGUFError, DeviceError, SecurityError, ChatTemplateError, OSError)
     return isinstance(exc, kinds)
 
 
