@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,9 +44,12 @@ from hyserve.api.limits import (
     receive_limit_bytes,
 )
 from hyserve.api.raw_codec import add_hyserve_service
+from hyserve.api.security import Security, SecurityConfig, add_security_arguments
 from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime, model_info
+from hyserve.api.tls import is_loopback
 from hyserve.api.validation import RequestLimits
 from hyserve.model.backend.select import add_device_arguments
+from hyserve.operator_errors import OperatorError, is_operator_error, model_path_error
 
 log = structlog.get_logger(__name__)
 
@@ -103,6 +106,9 @@ class ServeConfig:
         q = self.max_queued_prompt_tokens
         return default_max_queued_prompt_tokens(self.ctx_size) if q is None else q
 
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    debug: bool = False  # tracebacks for operator errors
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
         return cls(
@@ -131,6 +137,8 @@ class ServeConfig:
             max_prompt_bytes=args.max_prompt_bytes,
             stream_stall_seconds=args.stream_stall_seconds,
             max_queued_prompt_tokens=args.max_queued_prompt_tokens,
+            security=SecurityConfig.from_args(args),
+            debug=getattr(args, "debug", False),
         )
 
 
@@ -177,12 +185,16 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_device_arguments(p)
     add_limit_arguments(p)
+    add_security_arguments(p)
     p.set_defaults(func=run_serve)
     return p
 
 
 def run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig.from_args(args)
+    problem = model_path_error(config.model)
+    if problem is not None:  # before listening: a wrong path is not worth a health-checked start
+        raise OperatorError(problem)
     for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk"):
         if getattr(config, name) < 1:
             raise SystemExit(f"hyserve serve: --{name.replace('_', '-')} must be >= 1")
@@ -194,10 +206,16 @@ def run_serve(args: argparse.Namespace) -> int:
         raise SystemExit("hyserve serve: --max-prompt-bytes and --stream-stall-seconds must be > 0")
     if 0 < config.queued_prompt_tokens < config.ctx_size:
         raise SystemExit("hyserve serve: --max-queued-prompt-tokens must be 0 (no limit) or >= --ctx-size")
+    security = Security.build(config.security)  # SecurityError: one line from the CLI
+    refusal = security.bind_refusal(config.host)
+    if refusal is not None:
+        raise OperatorError(refusal)
+    if not is_loopback(config.host) and not security.authenticated:
+        log.warning("listening_without_authentication", host=config.host, **security.log_fields())
     # The engine thread drops and retakes the GIL around every kernel call (~170 per token); with
     # the default 5 ms switch interval it can wait that long behind the asyncio thread each time.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    return asyncio.run(serve(config))
+    return asyncio.run(serve(config, security))
 
 
 GIL_SWITCH_INTERVAL_S = 0.0002
@@ -272,11 +290,13 @@ def load_runtime(config: ServeConfig) -> Runtime:
     )
 
 
-async def serve(config: ServeConfig) -> int:
+async def serve(config: ServeConfig, security: Security | None = None) -> int:
+    security = security or Security.build(config.security)
     # a message too large to hold an acceptable prompt is refused by grpc before it is parsed
     receive = ("grpc.max_receive_message_length", receive_limit_bytes(config.prompt_bytes))
-    server = grpc.aio.server(options=[*SERVER_OPTIONS, receive], interceptors=[DecodeGuard()])
-    servicer = HyserveServicer()
+    interceptors = [*security.interceptors(), DecodeGuard()]  # callers are authenticated first
+    server = grpc.aio.server(options=[*SERVER_OPTIONS, receive], interceptors=interceptors)
+    servicer = HyserveServicer(security)
     add_hyserve_service(servicer, server, config.stream_stall_seconds)
     health = health_module.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -284,17 +304,20 @@ async def serve(config: ServeConfig) -> int:
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{config.host}:{config.port}"
-    port = server.add_insecure_port(address)
+    try:
+        port = security.add_port(server, address)
+    except RuntimeError:  # grpc raises where it used to return 0 (address in use, no such address)
+        port = 0
     if port == 0:
-        log.error("listen_failed", address=address)
+        log.error("listen_failed", address=address, hint="is the port in use or the address not on this host?")
         return 1
     await server.start()
-    log.info("server_listening", host=config.host, port=port)
+    log.info("server_listening", host=config.host, port=port, **security.log_fields())
     http = None
     if config.http_port is not None:  # same loop and engine; answers 503 until the model is loaded
         from hyserve.api.openai_http.app import OpenAIFront
 
-        http = OpenAIFront()
+        http = OpenAIFront(security)
         log.info("http_listening", host=config.host, port=await http.start(config.host, config.http_port))
 
     stop = asyncio.Event()
@@ -309,8 +332,11 @@ async def serve(config: ServeConfig) -> int:
     if loading.done():
         try:
             runtime = loading.result()
-        except Exception:
-            log.exception("model_load_failed", model=config.model)
+        except Exception as exc:
+            if config.debug or not is_operator_error(exc):
+                log.exception("model_load_failed", model=config.model)
+            else:  # the operator's mistake: one line, no traceback (--debug shows it)
+                log.error("model_load_failed", model=config.model, error=str(exc))
             stopping.cancel()
             await health.enter_graceful_shutdown()
             await server.stop(grace=1.0)
@@ -323,7 +349,7 @@ async def serve(config: ServeConfig) -> int:
 
             identity = ReplicaIdentity.of(config.replica_id, model_info(runtime).model_name, config.parallel)
             metrics_port = serve_metrics(
-                runtime.engine.stats, config.ctx_size, config.host, config.metrics_port, identity
+                runtime.engine.stats, config.ctx_size, config.host, config.metrics_port, identity, security
             )
             log.info("metrics_listening", host=config.host, port=metrics_port, replica=identity.replica)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
