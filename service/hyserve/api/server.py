@@ -35,7 +35,15 @@ from grpc_health.v1 import health as health_module
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
+from hyserve.api.decode_guard import DecodeGuard
+from hyserve.api.limits import (
+    DEFAULT_STREAM_STALL_SECONDS,
+    add_limit_arguments,
+    default_max_prompt_bytes,
+    default_max_queued_prompt_tokens,
+    receive_limit_bytes,
+)
+from hyserve.api.raw_codec import add_hyserve_service
 from hyserve.api.security import Security, SecurityConfig, add_security_arguments
 from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime, model_info
 from hyserve.api.tls import is_loopback
@@ -48,7 +56,6 @@ log = structlog.get_logger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # clients ping every 60 s, also during long silent prompt evaluations: accept pings every 10 s
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -86,6 +93,19 @@ class ServeConfig:
     device: str = "cpu"
     gpu_backend: str | None = None
     gpu_adapter: str | None = None
+    max_prompt_bytes: int | None = None  # None: derived from ctx_size (limits.py)
+    stream_stall_seconds: float = DEFAULT_STREAM_STALL_SECONDS
+    max_queued_prompt_tokens: int | None = None  # None: derived from ctx_size; 0: no limit
+
+    @property
+    def prompt_bytes(self) -> int:
+        return default_max_prompt_bytes(self.ctx_size) if self.max_prompt_bytes is None else self.max_prompt_bytes
+
+    @property
+    def queued_prompt_tokens(self) -> int:
+        q = self.max_queued_prompt_tokens
+        return default_max_queued_prompt_tokens(self.ctx_size) if q is None else q
+
     security: SecurityConfig = field(default_factory=SecurityConfig)
     debug: bool = False  # tracebacks for operator errors
 
@@ -114,6 +134,9 @@ class ServeConfig:
             device=args.device,
             gpu_backend=args.gpu_backend,
             gpu_adapter=args.gpu_adapter,
+            max_prompt_bytes=args.max_prompt_bytes,
+            stream_stall_seconds=args.stream_stall_seconds,
+            max_queued_prompt_tokens=args.max_queued_prompt_tokens,
             security=SecurityConfig.from_args(args),
             debug=getattr(args, "debug", False),
         )
@@ -161,6 +184,7 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         help="sliding-window layers: full cache (resume anywhere) or ring buffer + window checkpoints (less memory)",
     )
     add_device_arguments(p)
+    add_limit_arguments(p)
     add_security_arguments(p)
     p.set_defaults(func=run_serve)
     return p
@@ -178,6 +202,10 @@ def run_serve(args: argparse.Namespace) -> int:
         if getattr(config, name) < 0:
             flag = name.removesuffix("_mib").replace("_", "-")
             raise SystemExit(f"hyserve serve: --{flag} must be >= 0")
+    if config.prompt_bytes < 1 or not config.stream_stall_seconds > 0:
+        raise SystemExit("hyserve serve: --max-prompt-bytes and --stream-stall-seconds must be > 0")
+    if 0 < config.queued_prompt_tokens < config.ctx_size:
+        raise SystemExit("hyserve serve: --max-queued-prompt-tokens must be 0 (no limit) or >= --ctx-size")
     security = Security.build(config.security)  # SecurityError: one line from the CLI
     refusal = security.bind_refusal(config.host)
     if refusal is not None:
@@ -249,6 +277,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
             cache_memory=config.cache_memory_mib << 20,
             replay_memory=config.replay_memory_mib << 20,
             window_ring=config.swa_cache == "ring",
+            max_queued_prompt_tokens=config.queued_prompt_tokens,
         ),
     )
     engine.start()
@@ -257,15 +286,18 @@ def load_runtime(config: ServeConfig) -> Runtime:
         engine=engine,
         chat_template=model.chat_template,
         has_chat_template=model.has_own_template or config.chat_template is not None,
-        limits=RequestLimits(n_ctx=config.ctx_size, default_max_tokens=config.default_max_tokens),
+        limits=RequestLimits(config.ctx_size, config.default_max_tokens, config.prompt_bytes),
     )
 
 
 async def serve(config: ServeConfig, security: Security | None = None) -> int:
     security = security or Security.build(config.security)
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=security.interceptors())
+    # a message too large to hold an acceptable prompt is refused by grpc before it is parsed
+    receive = ("grpc.max_receive_message_length", receive_limit_bytes(config.prompt_bytes))
+    interceptors = [*security.interceptors(), DecodeGuard()]  # callers are authenticated first
+    server = grpc.aio.server(options=[*SERVER_OPTIONS, receive], interceptors=interceptors)
     servicer = HyserveServicer(security)
-    pb_grpc.add_HyserveServiceServicer_to_server(servicer, server)
+    add_hyserve_service(servicer, server, config.stream_stall_seconds)
     health = health_module.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)

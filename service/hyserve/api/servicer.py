@@ -8,7 +8,6 @@ deadline passed, the server stops), the call cancels its own task, and only that
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +17,11 @@ import grpc.aio
 import structlog
 
 import hyserve
+from hyserve.api.early_cancel import EarlyCancels
 from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
 from hyserve.api.ownership import may_see
+from hyserve.api.prepare_pool import run_prepare
 from hyserve.api.security import Security
 from hyserve.api.tasks import SESSION_HEADER, TaskRun
 from hyserve.api.validation import RequestLimits, ValidationError, prepare_generate
@@ -114,6 +115,11 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
     def __init__(self, security: Security | None = None) -> None:
         self.runtime: Runtime | None = None  # set by the server once the model is loaded and warm
         self.security = security or Security()  # who calls, and which tasks are theirs (ownership.py)
+        self.early_cancels = EarlyCancels()  # Cancels that came before their Generate's task
+
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        """Who a remembered early Cancel belongs to: one caller's Cancel never touches another's task."""
+        return self.security.identity.of_grpc(context).owner
 
     async def _ready(self, context: grpc.aio.ServicerContext) -> Runtime:
         runtime = self.runtime
@@ -130,7 +136,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         runtime = await self._ready(context)
         model = runtime.model
         try:
-            prepared = await asyncio.to_thread(
+            prepared = await run_prepare(
                 prepare_generate, request, model.tokenizer, runtime.chat_template, runtime.limits
             )
         except ValidationError as exc:
@@ -140,6 +146,10 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
 
         session = next((str(v) for k, v in context.invocation_metadata() or () if k == SESSION_HEADER), "")
         run = TaskRun(runtime.engine, prepared, session)
+        # a Cancel that came first: flagged before the engine can admit it, ended once it is queued
+        early = bool(request.task_id) and self.early_cancels.take(run.task.id, self._owner(context))
+        if early:
+            run.task.request_cancel(CancelSource.RPC)
         try:
             run.submit()
         except (DuplicateTaskError, QueueFullError, EngineClosedError) as exc:
@@ -150,6 +160,8 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
             await context.abort(code, details)
         owners = self.security.owners
         owners.claim(run.task.id, self.security.identity.of_grpc(context).owner)
+        if early:
+            runtime.engine.cancel_task(run.task, CancelSource.RPC)
 
         try:
             async for event in run.events():
@@ -223,6 +235,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
             outcome = CancelOutcome.NOT_FOUND
         log.info("cancel", task_id=request.task_id, outcome=outcome.value, caller=caller.owner)
         if outcome is CancelOutcome.NOT_FOUND:
+            self.early_cancels.remember(request.task_id, self._owner(context))  # for a Generate still on its way
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id!r} is known to this server")
         status = pb.CANCEL_STATUS_CANCELLED if outcome is CancelOutcome.CANCELLED else pb.CANCEL_STATUS_ALREADY_FINISHED
         return pb.CancelResponse(status=status)

@@ -4,6 +4,8 @@ OpenAI-compatible HTTP front, so both make tasks and stream their events the sam
 The engine thread hands the task's events to an asyncio queue (`loop.call_soon_threadsafe`). The
 caller iterates them until Finished or Failed; when it stops earlier for any reason (its client
 went away, a deadline, a cancelled handler), `close()` cancels this task and only this one.
+The queue is bounded: when its client has stopped reading and `max_pending` events wait, the task
+is cancelled (its slot goes to the next task) and `events()` raises `StreamStalledError`.
 
 A client may name its conversation in the `x-session-id` header (gRPC metadata or HTTP header) so
 that a balancer can keep it on one replica, and so on that replica's prompt cache. The server does
@@ -15,23 +17,32 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from hyserve.api.limits import MAX_PENDING_EVENTS
 from hyserve.api.validation import PreparedRequest
 from hyserve.engine.cancel import CancelSource
 from hyserve.engine.engine import Engine
 from hyserve.engine.task import Event, FailedEvent, FinishedEvent, Task
 
-__all__ = ["SESSION_HEADER", "TaskRun"]
+__all__ = ["SESSION_HEADER", "StreamStalledError", "TaskRun"]
 
 SESSION_HEADER = "x-session-id"
 
 
+class StreamStalledError(RuntimeError):
+    """The client stopped reading its stream; its task was cancelled (the API answers RESOURCE_EXHAUSTED)."""
+
+
 class TaskRun:
-    def __init__(self, engine: Engine, prepared: PreparedRequest, session_id: str = "") -> None:
+    def __init__(
+        self, engine: Engine, prepared: PreparedRequest, session_id: str = "", max_pending: int = MAX_PENDING_EVENTS
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._max_pending = max_pending
+        self._overflowed = False
 
         def sink(event: Event) -> None:  # called on the engine thread
-            loop.call_soon_threadsafe(self._events.put_nowait, event)
+            loop.call_soon_threadsafe(self._deliver, event)
 
         self.engine = engine
         self.task = Task(
@@ -53,9 +64,28 @@ class TaskRun:
         """Queue the task. Raises DuplicateTaskError, QueueFullError or EngineClosedError."""
         self.engine.submit(self.task)
 
+    def _deliver(self, event: Event) -> None:
+        """On the loop: queue an event, or drop the backlog and cancel the task once too many wait."""
+        if self._overflowed:
+            return
+        if self._events.qsize() >= self._max_pending:
+            self._overflowed = True
+            self._events = asyncio.Queue()  # the backlog goes now: the stream ends with an error anyway
+            self.task.log.warning("stream_stalled", pending_events=self._max_pending)
+            self.engine.cancel_task(self.task, CancelSource.SLOW_READER)
+            return
+        self._events.put_nowait(event)
+
+    def stall_error(self) -> StreamStalledError:
+        return StreamStalledError(
+            f"the client did not read its stream: {self._max_pending} events were waiting; the task was cancelled"
+        )
+
     async def events(self) -> AsyncIterator[Event]:
-        """The task's events, ending with its FinishedEvent or FailedEvent."""
+        """The task's events, ending with its FinishedEvent or FailedEvent. Raises StreamStalledError."""
         while True:
+            if self._overflowed:
+                raise self.stall_error()
             event = await self._events.get()
             yield event
             if isinstance(event, FinishedEvent | FailedEvent):

@@ -16,6 +16,13 @@ from typing import Any, Protocol
 from google.protobuf import json_format
 
 from hyserve.api.gen import hyserve_pb2 as pb
+from hyserve.api.limits import (
+    MAX_CHECKPOINT_OFFSETS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    default_max_prompt_bytes,
+    prompt_size_error,
+)
 from hyserve.engine.generator import StopRule
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.task import new_task_id
@@ -56,6 +63,11 @@ class TokenizerLike(Protocol):
 class RequestLimits:
     n_ctx: int  # per slot: prompt + completion must fit
     default_max_tokens: int  # when the request sets none (generation also ends when the context is full)
+    max_prompt_bytes: int = 0  # text or chat input, serialized; 0: derived from n_ctx (limits.py)
+
+    @property
+    def prompt_bytes(self) -> int:
+        return self.max_prompt_bytes or default_max_prompt_bytes(self.n_ctx)
 
 
 @dataclass(frozen=True)
@@ -256,9 +268,13 @@ def stop_rule(
         max_tokens = limits.default_max_tokens
     if not has_msg:
         return StopRule(max_tokens=max_tokens)
+    if len(msg.stop_strings) > MAX_STOP_STRINGS:
+        raise ValidationError(f"stopping.stop_strings: at most {MAX_STOP_STRINGS} (got {len(msg.stop_strings)})")
     for i, s in enumerate(msg.stop_strings):
         if not s:
             raise ValidationError(f"stopping.stop_strings[{i}]: must not be empty")
+        if len(s) > MAX_STOP_STRING_CHARS:
+            raise ValidationError(f"stopping.stop_strings[{i}]: at most {MAX_STOP_STRING_CHARS} characters")
     for t in msg.stop_token_ids:
         if t >= vocab_size:
             raise ValidationError(f"stopping.stop_token_ids: id {t} is not below the vocabulary size {vocab_size}")
@@ -271,6 +287,8 @@ def stop_rule(
 
 
 def _checkpoint_offsets(offsets: Sequence[int], n_prompt: int) -> tuple[int, ...]:
+    if len(offsets) > MAX_CHECKPOINT_OFFSETS:
+        raise ValidationError(f"cache.checkpoint_offsets: at most {MAX_CHECKPOINT_OFFSETS} (got {len(offsets)})")
     for o in offsets:
         if o < 1:
             raise ValidationError("cache.checkpoint_offsets: offsets must be >= 1")
@@ -280,7 +298,12 @@ def _checkpoint_offsets(offsets: Sequence[int], n_prompt: int) -> tuple[int, ...
 def prepare_generate(
     request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate | None, limits: RequestLimits
 ) -> PreparedRequest:
-    """Validate a GenerateRequest and turn it into what the engine runs. Raises ValidationError."""
+    """Validate a GenerateRequest and turn it into what the engine runs. Raises ValidationError.
+
+    Sizes are checked first, on bytes and counts, so an oversized prompt is never tokenized."""
+    too_large = prompt_size_error(request, limits.prompt_bytes, limits.n_ctx)
+    if too_large is not None:
+        raise ValidationError(too_large)
     task_id = validate_task_id(request.task_id)
     params = sampling_params(request.sampling)
     if request.top_logprobs > MAX_TOP_LOGPROBS:

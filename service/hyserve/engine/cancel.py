@@ -19,6 +19,7 @@ class CancelSource(Enum):
     RPC = "cancel_rpc"
     CLIENT_GONE = "client_gone"  # the Generate call was cancelled by its client or its deadline passed
     SHUTDOWN = "shutdown"  # the server's drain deadline passed with the task still running
+    SLOW_READER = "slow_reader"  # its client stopped reading the stream (events piled up or it stalled)
 
 
 class CancelFlag:

@@ -55,7 +55,7 @@ from hyserve.engine.checkpoints import Checkpoint, CheckpointList
 from hyserve.engine.input_log import InputLog
 from hyserve.engine.prefix_store import PrefixStore, StoredSequence
 from hyserve.engine.sampling import apply_penalties, log_softmax, sample
-from hyserve.engine.scheduler import BoundedFifo, QueueFullError, SlotWork, compose_batch
+from hyserve.engine.scheduler import BoundedFifo, QueueFullError, SlotWork, compose_batch, queued_tokens_error
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -103,6 +103,7 @@ class EngineConfig:
     cache_memory: int = 2 << 30  # bytes of the host-memory prefix store (0: off)
     replay_memory: int = 1 << 30  # bytes of kept per-token inputs of all slots, for exact resumes (0: off)
     window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
+    max_queued_prompt_tokens: int = 0  # prompt tokens all waiting tasks may hold together (0: no limit)
 
     def __post_init__(self) -> None:
         if self.n_slots < 1:
@@ -396,6 +397,10 @@ class Engine:
                 raise EngineClosedError("the server is shutting down")
             if task.id in self._live:
                 raise DuplicateTaskError(f"task {task.id!r} is still queued or running")
+            queued = sum(len(t.prompt) for t in self._queue)
+            refusal = queued_tokens_error(queued, len(task.prompt), self.config.max_queued_prompt_tokens)
+            if refusal is not None:
+                raise QueueFullError(refusal)
             self._queue.push(task)  # QueueFullError
             self._live[task.id] = task
             self._ended.pop(task.id, None)
@@ -503,7 +508,7 @@ class Engine:
                     reprocess_reason=run.plan.reason or "",
                 )
             )
-            if run.first_logits is not None:  # resumed at the prompt end: its logits were stored
+            if run.first_logits is not None and not run.task.cancelled:  # resumed at the prompt end: logits stored
                 logits, run.first_logits = run.first_logits, None
                 run.prompt_done_at = time.perf_counter()
                 self._sample_or_fail(run, logits.copy(), run.prompt_done_at)

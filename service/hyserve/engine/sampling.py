@@ -37,9 +37,28 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
     ids = np.fromiter(recent.keys(), dtype=np.int64)
     counts = np.fromiter(recent.values(), dtype=np.float32)
     vals = out[ids]
-    vals = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    out[ids] = vals - counts * p.frequency_penalty - p.presence_penalty
+    # Extreme (finite) penalties overflow float32: each step saturates instead, so no inf - inf makes
+    # a NaN; ordinary values pass the clips unchanged (same float32 arithmetic as llama.cpp).
+    with np.errstate(over="ignore"):
+        vals = _saturate(np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty))
+        out[ids] = _saturate(vals - _saturate(counts * p.frequency_penalty) - p.presence_penalty)
     return out
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+# Logits divided by a tiny temperature saturate here: differences of two such values stay finite.
+_SCALED_MAX = 1e300
+
+
+def _saturate(x: np.ndarray) -> np.ndarray:
+    return np.clip(x, -_F32_MAX, _F32_MAX)
+
+
+def _scaled(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """logits / temperature in float64, saturated so that the result is finite."""
+    with np.errstate(over="ignore"):
+        x = logits.astype(np.float64) / temperature
+    return np.clip(x, -_SCALED_MAX, _SCALED_MAX, out=x)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -79,7 +98,7 @@ def sample(logits: np.ndarray, history: Sequence[int], p: SamplingParams, rng: n
         return int(np.argmax(logits))
     if p.top_k > 0:
         order = top_candidates(logits, p.top_k)
-        x = logits[order].astype(np.float64) / p.temperature
+        x = _scaled(logits[order], p.temperature)
         probs = np.exp(x - x[0])
         probs /= probs.sum()
     else:
@@ -104,7 +123,7 @@ def _nucleus(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndar
     """Without top-k: the smallest descending prefix of the vocabulary that contains the top-p and
     min-p cut points, with probabilities normalised over the whole vocabulary. With neither cut,
     the whole vocabulary in index order (sampling needs no order)."""
-    x = logits.astype(np.float64) / p.temperature
+    x = _scaled(logits, p.temperature)
     e = np.exp(x - x.max())
     total = e.sum()
     if p.top_p >= 1.0 and p.min_p <= 0.0:

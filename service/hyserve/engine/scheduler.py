@@ -23,6 +23,7 @@ __all__ = [
     "QueueFullError",
     "SlotWork",
     "compose_batch",
+    "queued_tokens_error",
 ]
 
 T = TypeVar("T")
@@ -113,3 +114,18 @@ def compose_batch(work: Sequence[SlotWork], token_budget: int) -> list[BatchItem
         items.append(BatchItem(w.index, n, False))
         budget -= n
     return sorted(items, key=lambda item: item.index)
+
+
+# --- queued work ---------------------------------------------------------------------------------
+
+
+def queued_tokens_error(queued_tokens: int, prompt_tokens: int, limit: int) -> str | None:
+    """Why a prompt may not join the queue: the queued prompt tokens would pass `limit` (0: no limit).
+
+    A prompt is always accepted into an empty queue, so the limit never refuses a request outright."""
+    if limit <= 0 or queued_tokens == 0 or queued_tokens + prompt_tokens <= limit:
+        return None
+    return (
+        f"the queue already holds {queued_tokens} prompt tokens; {prompt_tokens} more would pass the limit "
+        f"of {limit} queued prompt tokens"
+    )

@@ -796,7 +796,7 @@ class Tokenizer:
             offsets.append(0)
         spm = self.kind == "spm"
         prev_special = True  # SPM: a space prefix goes before the first fragment and after specials
-        encode = self._hf.encode
+        encode = self._hf.encode_batch  # unlike encode, it releases the GIL: other threads (streams) run meanwhile
         for start, end, tok in self._partition(text, parse_special):
             if tok >= 0:
                 ids.append(tok)
@@ -812,7 +812,7 @@ class Tokenizer:
                 piece = piece.replace(" ", _SPACE_MARK)
             prev_special = False
             try:
-                enc = encode(piece, add_special_tokens=False)
+                enc = encode([piece], add_special_tokens=False)[0]
             except TypeError:
                 piece.encode("utf-8")  # lone surrogates: raises UnicodeEncodeError (a ValueError)
                 raise

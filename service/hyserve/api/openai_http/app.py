@@ -9,7 +9,6 @@ The response and chunk `id` is the task id, so the gRPC Cancel RPC can stop an H
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -21,6 +20,7 @@ from aiohttp import web
 
 from hyserve.api.auth import bearer_token
 from hyserve.api.http_auth import aiohttp_auth_middleware
+from hyserve.api.limits import receive_limit_bytes
 from hyserve.api.openai_http.requests import OpenAIError, OpenAIRequest, parse_chat, parse_completion, validation_param
 from hyserve.api.openai_http.responses import (
     Completion,
@@ -32,6 +32,7 @@ from hyserve.api.openai_http.responses import (
     logprobs_json,
     usage_json,
 )
+from hyserve.api.prepare_pool import run_prepare
 from hyserve.api.security import Security
 from hyserve.api.servicer import Runtime, model_info
 from hyserve.api.tasks import SESSION_HEADER, TaskRun
@@ -66,6 +67,22 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         type_ = "not_found_error" if exc.status == 404 else "invalid_request_error"
         err = OpenAIError(f"{exc.reason}: {request.method} {request.path}", status=exc.status, type_=type_)
         return web.json_response(err.body(), status=exc.status)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body, refused (413) past `limit` bytes (the gRPC receive limit) before it is parsed on the loop."""
+    size = request.content_length or 0
+    chunks: list[bytes] = []
+    if size <= limit:
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                break
+            chunks.append(chunk)
+    if size > limit:
+        raise OpenAIError(f"the request body is larger than this server accepts ({limit} bytes)", status=413)
+    return b"".join(chunks)
 
 
 class OpenAIFront:
@@ -157,16 +174,14 @@ class OpenAIFront:
         self, request: web.Request, kind: Kind, runtime: Runtime
     ) -> tuple[OpenAIRequest, PreparedRequest]:
         try:
-            body = await request.json()
+            body = json.loads(await _read_body(request, receive_limit_bytes(runtime.limits.prompt_bytes)))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise OpenAIError(f"the request body is not valid JSON: {exc}") from exc
         task_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         parsed = parse_chat(body, task_id) if kind == "chat" else parse_completion(body, task_id)
         tok = runtime.model.tokenizer
         try:
-            prepared = await asyncio.to_thread(
-                prepare_generate, parsed.generate, tok, runtime.chat_template, runtime.limits
-            )
+            prepared = await run_prepare(prepare_generate, parsed.generate, tok, runtime.chat_template, runtime.limits)
         except ValidationError as exc:
             log.info("http_rejected", task_id=task_id, reason=str(exc))
             raise OpenAIError(str(exc), validation_param(str(exc), kind)) from exc
