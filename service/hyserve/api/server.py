@@ -83,6 +83,7 @@ class ServeConfig:
     device: str = "cpu"
     gpu_backend: str | None = None
     gpu_adapter: str | None = None
+    check_invariants: bool = False  # test hook (tests/soak)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -109,6 +110,7 @@ class ServeConfig:
             device=args.device,
             gpu_backend=args.gpu_backend,
             gpu_adapter=args.gpu_adapter,
+            check_invariants=args.check_invariants,
         )
 
 
@@ -152,6 +154,11 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         choices=("full", "ring"),
         default="full",
         help="sliding-window layers: full cache (resume anywhere) or ring buffer + window checkpoints (less memory)",
+    )
+    p.add_argument(
+        "--check-invariants",
+        action="store_true",
+        help="test hook: verify the cache invariants after every engine step (slow; counts in /metrics)",
     )
     add_device_arguments(p)
     p.set_defaults(func=run_serve)
@@ -232,6 +239,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
             cache_memory=config.cache_memory_mib << 20,
             replay_memory=config.replay_memory_mib << 20,
             window_ring=config.swa_cache == "ring",
+            check_invariants=config.check_invariants,
         ),
     )
     engine.start()
