@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ class Figures:
     failed: int = 0  # INTERNAL or any status not caused by a fault
     compared_complete: int = 0
     compared_partial: int = 0
+    with_output: int = 0
     idle_checks: list[str] = field(default_factory=list)
     invariant_checks: int = 0
     invariant_violations: int = 0
@@ -103,13 +105,27 @@ class Figures:
                 f"leaked slots {self.leaked_slots} ({'; '.join(self.idle_checks)})",
                 f"invariant checks {self.invariant_checks}, violations {self.invariant_violations}",
                 f"outputs equal to the cache-free reference: {self.compared_complete} complete, "
-                f"{self.compared_partial} partial (a prefix of it)",
+                f"{self.compared_partial} partial (a prefix of it) of {self.with_output} with output",
             ]
         )
 
 
+def sample_outputs(outcomes: Sequence[Outcome], limit: int | None, seed: str) -> list[Outcome]:
+    """The outputs to compare with the reference: all of them, or `limit` drawn at random (seeded),
+    half completed and half cut short where there are enough of each."""
+    with_output = [o for o in outcomes if o.tokens or o.finished]
+    if limit is None or len(with_output) <= limit:
+        return with_output
+    rng = random.Random(seed)
+    complete = [o for o in with_output if o.finished and o.finish_reason != "cancelled" and o.status is None]
+    cut = [o for o in with_output if not (o.finished and o.finish_reason != "cancelled" and o.status is None)]
+    n_cut = min(len(cut), limit // 2)
+    n_complete = min(len(complete), limit - n_cut)
+    return rng.sample(complete, n_complete) + rng.sample(cut, min(len(cut), limit - n_complete))
+
+
 def reference_mismatches(outcomes: Sequence[Outcome], model_path: str, n_ctx: int) -> tuple[int, int, list[str]]:
-    """Compare every output with greedy generation on a fresh in-process memory (no cache, no
+    """Compare outputs with greedy generation on a fresh in-process memory (no cache, no
     batching): completed outputs must equal it, cut-short ones must be a prefix of it. Returns
     (complete compared, partial compared, mismatches)."""
     from hyserve.engine.generator import StopRule, generate

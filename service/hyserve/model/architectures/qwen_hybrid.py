@@ -114,7 +114,7 @@ class QwenHybrid(Architecture):
         self.hp = hp
         self.n_embd = hp.int("embedding_length")
         n_all = hp.int("block_count")
-        self.n_layer = n_all - hp.int("nextn_predict_layers", 0)
+        self.n_layer = n_all - hp.int("nextn_predict_layers", 0, minimum=0)
         self.n_head = hp.int("attention.head_count")
         self.n_kv = hp.int("attention.head_count_kv", self.n_head)
         self.head_dim = hp.int("attention.key_length", 256)
