@@ -1,11 +1,12 @@
 """Coverage-guided fuzzing of the GGUF reader and loader with atheris (optional, not run in CI).
 
     pip install --target /tmp/atheris-site atheris     # a private dir; CI does not need it
-    PYTHONPATH=/tmp/atheris-site:service:tests python3 -m fuzz.atheris_gguf -atheris_runs=100000 \\
-        tests/fuzz/corpus
+    mkdir -p /tmp/gguf-corpus && PYTHONPATH=/tmp/atheris-site:service:tests python3 -m fuzz.atheris_gguf \\
+        -atheris_runs=100000 -max_len=70000 /tmp/gguf-corpus tests/fuzz/corpus tests/fuzz/corpus/regressions
 
 libFuzzer mutates the corpus files (the seed models and the regressions) guided by line coverage
-of `hyserve.model`; anything but a GGUFError is a crash (the input is written to crash-*).
+of `hyserve.model` and writes what it finds to the first directory (keep that one outside the
+repository); anything but a GGUFError is a crash (the input is written to crash-*).
 """
 
 from __future__ import annotations

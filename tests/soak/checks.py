@@ -39,7 +39,8 @@ def problems(out: Outcome, shutdown_phase: bool) -> list[str]:
         last = out.cancel_answers[-1]
         if last not in (CancelStatus.CANCELLED, CancelStatus.ALREADY_FINISHED):
             found.append(f"Cancel answered {last}")
-        if last is CancelStatus.ALREADY_FINISHED and out.finish_reason == "cancelled":
+        # (after a NOT_FOUND, the server may have remembered the early Cancel and applied it itself)
+        if out.cancel_answers == [CancelStatus.ALREADY_FINISHED] and out.finish_reason == "cancelled":
             found.append("Cancel said ALREADY_FINISHED but the task ended CANCELLED")
     if out.finished and not out.finish_reason == "cancelled" and len(out.tokens) != r.max_tokens:
         found.append(f"completed with {len(out.tokens)} tokens, max_tokens {r.max_tokens} (ignore_eos)")
