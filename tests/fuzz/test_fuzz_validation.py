@@ -211,3 +211,13 @@ def test_validation_refuses_or_prepares_runnable_requests(capsys: pytest.Capture
     accepted_params_sample()
     with capsys.disabled():
         print(f"\nfuzz: GenerateRequest validation, {TRIED} inputs, no crash")
+
+
+def test_template_kwargs_that_json_cannot_hold_are_refused() -> None:
+    """Found by the long run: an infinite number in chat_template_kwargs raised ValueError."""
+    req = pb.GenerateRequest()
+    req.chat.messages.add(role="user", content="hi")
+    req.chat.chat_template_kwargs.update({"tools": float("inf")})
+    m = model()
+    with pytest.raises(ValidationError, match="chat_template_kwargs"):
+        prepare_generate(req, m.tokenizer, m.chat_template, LIMITS)

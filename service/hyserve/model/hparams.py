@@ -9,6 +9,8 @@ import numpy as np
 
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 
+_MAX_INT = 2**31
+
 
 class HParams:
     def __init__(self, gguf: GGUFFile) -> None:
@@ -23,14 +25,14 @@ class HParams:
             raise GGUFError(f"{self.gguf.path}: missing metadata key {full!r}")
         return default
 
-    def int(self, key: str, default: Any = None, minimum: int = 1) -> int:
-        """An integer hyperparameter in [minimum, 2**31): sizes and counts of a real model are, and a
-        corrupt one must not size an allocation or a loop (nor divide by zero)."""
+    def int(self, key: str, default: Any = None, minimum: int = 1, maximum: int = _MAX_INT - 1) -> int:
+        """An integer hyperparameter in [minimum, maximum] (at most 2**31 - 1): sizes and counts of a
+        real model are, and a corrupt one must not size an allocation or a loop (nor divide by zero)."""
         value = self._get(key, _REQUIRED if default is None else default)
         if isinstance(value, bool) or not isinstance(value, int | np.integer):
             raise self._bad(key, value, "an integer")
-        if not minimum <= value < _MAX_INT:
-            raise self._bad(key, value, f"an integer in [{minimum}, {_MAX_INT})")
+        if not minimum <= value <= maximum:
+            raise self._bad(key, value, f"an integer in [{minimum}, {maximum}]")
         return int(value)
 
     def float(self, key: str, default: Any = None) -> float:
@@ -51,4 +53,3 @@ class HParams:
 
 
 _REQUIRED = object()
-_MAX_INT = 2**31
