@@ -131,6 +131,9 @@ class StatsCollector(Collector):
         yield counter(
             "input_blocks_evicted", "Blocks of kept per-token inputs dropped for the budget.", c.input_blocks_evicted
         )
+        # only with --check-invariants (a test hook): both stay 0 otherwise
+        yield counter("invariant_checks", "Slot/entry checks of the cache invariants I1-I3.", c.invariant_checks)
+        yield counter("invariant_violations", "Cache invariant violations found.", c.invariant_violations)
 
 
 def serve_metrics(

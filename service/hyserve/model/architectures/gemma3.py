@@ -65,7 +65,7 @@ class Gemma3(Architecture):
         self.eps = hp.float("attention.layer_norm_rms_epsilon", 1e-6)
         self.n_ctx_train = hp.int("context_length")
         self.softcap = float(hp.optional("final_logit_softcapping") or 0.0)
-        window = hp.int("attention.sliding_window", 0)
+        window = hp.int("attention.sliding_window", 0, minimum=0)
         pattern = hp.int("attention.sliding_window_pattern", 6)
         base = hp.float("rope.freq_base", 1e6)
         base_swa = hp.float("rope.freq_base_swa", 10000.0)

@@ -58,7 +58,7 @@ class Llama(Architecture):
         self.n_head = hp.int("attention.head_count")
         self.n_kv = hp.int("attention.head_count_kv", self.n_head)
         self.head_dim = hp.int("attention.key_length", self.n_embd // self.n_head)
-        self.n_rot = hp.int("rope.dimension_count", self.head_dim)
+        self.n_rot = hp.int("rope.dimension_count", self.head_dim, maximum=self.head_dim)
         self.rope_base = hp.float("rope.freq_base", 10000.0)
         linear = hp.optional("rope.scaling.type") == "linear"
         self.rope_scale = 1.0 / hp.float("rope.scaling.factor", 1.0) if linear else 1.0

@@ -114,11 +114,11 @@ class QwenHybrid(Architecture):
         self.hp = hp
         self.n_embd = hp.int("embedding_length")
         n_all = hp.int("block_count")
-        self.n_layer = n_all - hp.int("nextn_predict_layers", 0)
+        self.n_layer = n_all - hp.int("nextn_predict_layers", 0, minimum=0)
         self.n_head = hp.int("attention.head_count")
         self.n_kv = hp.int("attention.head_count_kv", self.n_head)
         self.head_dim = hp.int("attention.key_length", 256)
-        self.n_rot = hp.int("rope.dimension_count", self.head_dim // 4)
+        self.n_rot = hp.int("rope.dimension_count", self.head_dim // 4, maximum=self.head_dim)
         self.rope_base = hp.float("rope.freq_base", 1e7)
         self.eps = hp.float("attention.layer_norm_rms_epsilon", 1e-6)
         self.n_ctx_train = hp.int("context_length")
