@@ -29,6 +29,15 @@ class Fixture:
     text_lengths: tuple[int, ...] = ()  # characters per text
 
     @property
+    def claims_bits(self) -> bool:
+        """Whether hyserve claims llama.cpp's logits bit for bit here: the quantized types, except
+        a MoE whose F32 router has a multiple of 4 rows, which llama.cpp's batched path multiplies
+        with tinyBLAS (its single-token path, which hyserve follows, uses ggml_vec_dot_f32)."""
+        if self.qtype not in BIT_IDENTICAL:
+            return False
+        return self.builder_kw.get("n_expert", 1) % 4 != 0 or self.builder_kw.get("n_expert_used", 1) == 1
+
+    @property
     def id(self) -> str:
         return f"{self.seed}-{self.index}-{self.arch}-{self.qtype}-{self.writer[:3]}"
 
@@ -54,15 +63,18 @@ def _sections(r: random.Random, n_pairs: int) -> tuple[int, int, int, int]:
 
 def _texts(r: random.Random) -> tuple[int, ...]:
     n = r.choice([3, 4, 5])
-    return tuple(r.choice([20, 80, 200, 400, 700]) if r.random() < 0.85 else r.choice([1500, 3000, 5000]) for _ in range(n))
+    short, long = [20, 80, 200, 400, 700], [1500, 3000, 5000]
+    return tuple(r.choice(short) if r.random() < 0.85 else r.choice(long) for _ in range(n))
 
 
 def draw(seed: int, index: int) -> Fixture:
     r = random.Random(f"fidelity-{seed}-{index}")
     arch = ARCHES[index % len(ARCHES)] if index < 2 * len(ARCHES) else r.choice(ARCHES)
     independent = arch in INDEPENDENT_ARCHES and (arch not in BUILDER_ARCHES or r.random() < 0.5)
-    qtypes = ["f32", "f16", "q8_0", *KQUANTS] + (["q4_0", "q5_0"] if independent else [])
-    weights = [2, 2, 4, 1.5, 1, 1.5] + ([1, 1] if independent else [])
+    if independent:
+        qtypes, weights = ["f32", "f16", "q8_0", *KQUANTS, "q4_0", "q5_0", "bf16"], [2, 2, 4, 1.5, 1, 1.5, 1, 1, 0.7]
+    else:  # the project's builder makes the K-quants it names (make_models.KQUANT_FTYPES)
+        qtypes, weights = ["f32", "f16", "q8_0", "q4_k_m", "q6_k"], [2, 2, 4, 2, 1.5]
     qtype = r.choices(qtypes, weights)[0]
     kq = qtype in KQUANTS or (qtype in ("q4_0", "q5_0") and r.random() < 0.5)
     embd = 256 if kq else r.choice([32, 64, 96, 128, 160])
@@ -85,6 +97,9 @@ def draw(seed: int, index: int) -> Fixture:
             shape = Shape(arch, r.randint(1, 8), embd, ff, heads, kv, hd, tie=True, window=r.choice([4, 16, 64, 256]),
                           rope_base=1e6)  # fmt: skip
         else:
+            if arch == "qwen2":  # llama.cpp's qwen2 needs heads * head_dim == embd
+                heads = r.choice([h for h in (1, 2, 4, 8) if embd % h == 0 and (embd // h) % 2 == 0])
+                kv, hd = r.choice([k for k in (1, 2, 4, 8) if heads % k == 0]), embd // heads
             shape = Shape(arch, layers, embd, ff, heads, kv, hd, tie=r.random() < 0.3,
                           rope_base=r.choice([1e4, 5e5, 1e6]))  # fmt: skip
         return Fixture(seed, index, arch, qtype, "independent", shape=shape, n_merges=r.randint(0, 700),
@@ -101,7 +116,7 @@ def draw(seed: int, index: int) -> Fixture:
             kw["n_rot"] = r.choice([n for n in (4, 8, 16) if n <= hd])
             kw["rope_sections"] = list(_sections(r, kw["n_rot"] // 2))
         if arch != "qwen35":
-            n_exp = r.choice([4, 8])
+            n_exp = r.choice([4, 5, 6, 7, 8, 10])
             kw |= {"n_expert": n_exp, "n_expert_used": r.randint(1, min(4, n_exp))}
             kw |= {"expert_ff": r.choice([16, 32, 64]), "shared_ff": r.choice([32, 64])}
             if kq:

@@ -16,7 +16,6 @@ import llama_cpp
 import numpy as np
 
 from hyserve.model.architectures.base import Architecture, Logits, Segment
-
 from llama_oracle import _quiet
 
 _base = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))

@@ -41,8 +41,8 @@ def main() -> None:
                 if not o.passed:
                     failed.append(o.fixture)
                     print("FAIL", o.describe(), flush=True)
-    summary = {"seed": args.seed, "fixtures": args.fixtures, "cases": cases, "bit_identical": identical,
-               "failed": len(failed), "seconds": round(time.monotonic() - t0, 1), "per_arch_qtype": dict(per_arch)}  # fmt: skip
+    summary = {"seed": args.seed, "fixtures": args.fixtures, "cases": cases, "bit_identical": identical}
+    summary |= {"failed": len(failed), "seconds": round(time.monotonic() - t0, 1), "per_arch_qtype": dict(per_arch)}
     print(json.dumps(summary, sort_keys=True))
 
 

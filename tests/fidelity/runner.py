@@ -1,5 +1,5 @@
 """Builds a fuzz fixture, teacher-forces its texts through hyserve and llama.cpp's plain path, and
-judges each text: bit-identical logits where hyserve claims them (cases.BIT_IDENTICAL), mean
+judges each text: bit-identical logits where hyserve claims them (`Fixture.claims_bits`), mean
 KL(llama.cpp || hyserve) <= KL_LIMIT elsewhere; identical token ids from both tokenizers."""
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import numpy as np
 
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import LoadedModel, load_model
-
 from llama_oracle import LlamaOracle, kl_per_position
 
 from . import probe, writer
-from .cases import BIT_IDENTICAL, Fixture
+from .cases import Fixture
 from .texts import random_text
 from .vocab import make_vocab
 
@@ -79,7 +78,7 @@ def judge(fx: Fixture, i: int, ours: np.ndarray, ref: np.ndarray, tokens_match: 
     bad = np.flatnonzero(diff)
     kl = float(kl_per_position(ref, ours).mean())
     identical = len(bad) == 0
-    passed = tokens_match and (identical if fx.qtype in BIT_IDENTICAL else kl <= KL_LIMIT)
+    passed = tokens_match and (identical if fx.claims_bits else kl <= KL_LIMIT)
     first = int(bad[0]) if len(bad) else -1
     return Outcome(fx.id, i, len(ours), identical, kl, first, float(diff[first]) if first >= 0 else 0.0,
                    tokens_match, passed)  # fmt: skip

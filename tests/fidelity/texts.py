@@ -29,7 +29,7 @@ CODE = [
     "SELECT id, name FROM users WHERE age >= 18 ORDER BY name;\n",
     '{"key": [1, 2.5, -3e-4], "ok": true, "s": "\\u00e9"}\n',
     "let v: Vec<u8> = (0..255).map(|b| b ^ 0x5a).collect();\n",
-    "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 42); }\n",
+    '#include <stdio.h>\nint main(void) { printf("%d\\n", 42); }\n',
 ]
 PUNCT = list(".,;:!?()[]{}<>\"'`~@#$%^&*-_=+|/\\…–—«»„“”")
 
@@ -54,7 +54,7 @@ def _piece(rng: random.Random) -> str:
     if kind < 0.9:
         return rng.choice(CODE)
     if kind < 0.95:
-        return str(rng.randint(0, 10**rng.randint(1, 12))) + rng.choice(["", ".", ",", " ", "%"])
+        return str(rng.randint(0, 10 ** rng.randint(1, 12))) + rng.choice(["", ".", ",", " ", "%"])
     return "".join(rng.choice(PUNCT) for _ in range(rng.randint(1, 5)))
 
 

@@ -5,6 +5,7 @@ merge list, so one training run serves every vocabulary size."""
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 import re
 from collections import Counter
@@ -39,7 +40,7 @@ def _merges() -> tuple[tuple[str, str], ...]:
     while len(merges) < MAX_MERGES:
         pairs: Counter[tuple[str, str]] = Counter()
         for w, n in words.items():
-            for a, b in zip(w, w[1:]):
+            for a, b in itertools.pairwise(w):
                 pairs[a, b] += n
         if not pairs:
             break

@@ -20,6 +20,7 @@ from .vocab import Vocab
 INDEPENDENT_ARCHES = ("llama", "qwen2", "qwen3", "gemma3", "qwen35")
 # llama.cpp file types its quantizer makes from an F32 file
 QUANT_FTYPES = {
+    "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
     "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
     "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
     "q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0",
