@@ -7,7 +7,7 @@ plain path. Bit-identical logits are asserted where hyserve claims them (`Fixtur
 mean KL <= 1e-4 elsewhere; a failure names the first differing position and the first differing
 tensor (llama.cpp's eval callback against a spy on hyserve's kernels).
 
-HYSERVE_FUZZ_FIXTURES (default 44, ~200 texts) and HYSERVE_FUZZ_SEED (default 0) widen or vary
+HYSERVE_FUZZ_FIXTURES (default 50: 207 texts) and HYSERVE_FUZZ_SEED (default 0) widen or vary
 the run; `python -m fidelity.run --seed S --fixtures N` (from tests/) runs it outside pytest. Also
 the unit tests of the ops the fuzz found differing: libm-rounded sigmoid/softplus and ggml's
 float dot products."""
@@ -30,7 +30,7 @@ from fixtures import make_models
 from hyserve.model.loader import load_model
 from llama_oracle import llama_cpp
 
-FIXTURES = int(os.environ.get("HYSERVE_FUZZ_FIXTURES", "44"))
+FIXTURES = int(os.environ.get("HYSERVE_FUZZ_FIXTURES", "50"))
 SEED = int(os.environ.get("HYSERVE_FUZZ_SEED", "0"))
 
 
