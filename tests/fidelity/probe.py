@@ -33,9 +33,9 @@ _NE_OFFSET = 16  # struct ggml_tensor: enum type, (padding), buffer pointer, the
 _SKIP = {"set_num_threads", "num_threads", "set_force_scalar", "simd_path"}
 
 
-def llama_tensors(path: Path, tokens: list[int], threads: int = 2) -> list[tuple[str, np.ndarray]]:
-    """Every contiguous F32 tensor llama.cpp computes for `tokens` in one batch, in graph order
-    (plain path: repacking and flash attention off, as `LlamaOracle`)."""
+def llama_tensors(path: Path, tokens: list[int], n_batch: int, threads: int = 2) -> list[tuple[str, np.ndarray]]:
+    """Every contiguous F32 tensor llama.cpp computes for `tokens` in batches of `n_batch`, in
+    graph order (plain path: repacking and flash attention off, as `LlamaOracle`)."""
     found: list[tuple[str, np.ndarray]] = []
 
     @llama_cpp.ggml_backend_sched_eval_callback
@@ -54,20 +54,21 @@ def llama_tensors(path: Path, tokens: list[int], threads: int = 2) -> list[tuple
     mp.use_extra_bufts = False
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
     cp = llama_cpp.llama_context_default_params()
-    n = max(64, len(tokens))
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = n, n, n
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = max(64, len(tokens)), n_batch, n_batch
     cp.n_threads = cp.n_threads_batch = threads
     cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.cb_eval = callback
     ctx = llama_cpp.llama_init_from_model(model, cp)
-    batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+    batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
     try:
-        for i, tok in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, i, 1, 1
-            batch.seq_id[i][0] = 0
-        batch.n_tokens = len(tokens)
-        if llama_cpp.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
+        for start in range(0, len(tokens), n_batch):
+            part = tokens[start : start + n_batch]
+            for i, tok in enumerate(part):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, start + i, 1, 1
+                batch.seq_id[i][0] = 0
+            batch.n_tokens = len(part)
+            if llama_cpp.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
     finally:
         llama_cpp.llama_batch_free(batch)
         llama_cpp.llama_free(ctx)
@@ -119,16 +120,19 @@ class Divergence:
         )
 
 
-def first_divergence(arch: Architecture, path: Path, tokens: list[int]) -> Divergence | None:
-    """The first hyserve kernel output (in call order) that equals no llama.cpp tensor."""
-    theirs = llama_tensors(path, tokens)
+def first_divergence(arch: Architecture, path: Path, tokens: list[int], n_batch: int = 512) -> Divergence | None:
+    """The first hyserve kernel output (in call order) that equals no llama.cpp tensor, both fed
+    the same batches of `n_batch` tokens (llama.cpp's attention depends on its batch layout)."""
+    theirs = llama_tensors(path, tokens, n_batch)
     by_size: dict[int, list[tuple[str, np.ndarray]]] = {}
     exact: set[bytes] = set()
     for name, a in theirs:
         by_size.setdefault(a.size, []).append((name, a))
         exact.add(a.tobytes())
+    memory = arch.new_memory(len(tokens) + 8)
     with spy_kernels() as calls:
-        arch.forward([Segment(arch.new_memory(len(tokens) + 8), np.asarray(tokens, np.int32), Logits.ALL)])
+        for start in range(0, len(tokens), n_batch):
+            arch.forward([Segment(memory, np.asarray(tokens[start : start + n_batch], np.int32), Logits.ALL)])
     for i, (kernel, out) in enumerate(calls):
         if out.size == 0 or out.tobytes() in exact or out.size not in by_size:
             continue

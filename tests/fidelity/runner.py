@@ -99,7 +99,7 @@ def run_fixture(fx: Fixture, directory: Path, diagnose: bool = True) -> list[Out
             ours = arch.forward([Segment(arch.new_memory(MAX_TOKENS), np.asarray(tokens, np.int32), Logits.ALL)])[0]
             outcome = judge(fx, i, ours, oracle.logits(tokens), tokens == theirs)
             if not outcome.passed and diagnose and outcome.first_position >= 0:
-                found = probe.first_divergence(arch, path, tokens[: outcome.first_position + 1])
+                found = probe.first_divergence(arch, path, tokens[: outcome.first_position + 1], n_batch=512)
                 outcome.where = str(found) if found else "no kernel output differs (an op outside the kernels)"
             outcomes.append(outcome)
     finally:
