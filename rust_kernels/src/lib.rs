@@ -15,6 +15,8 @@ pub mod quant;
 pub mod recurrent;
 pub mod simd;
 pub mod threads;
+pub mod unary;
+mod unary_py;
 
 use matmul::Weight;
 use numpy::ndarray::{Array1, Array2, Array3};
@@ -731,5 +733,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<moe_py::MoeFfn>()?;
     // the GPU path (wgpu)
     gpu_py::register(m)?;
+    unary_py::register(m)?;
     Ok(())
 }

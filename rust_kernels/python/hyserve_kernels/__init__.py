@@ -24,8 +24,10 @@ from hyserve_kernels._native import (
     rope,
     set_force_scalar,
     set_num_threads,
+    sigmoid,
     silu,
     simd_path,
+    softplus,
     swiglu,
 )
 
@@ -53,7 +55,9 @@ __all__ = [
     "rope",
     "set_force_scalar",
     "set_num_threads",
+    "sigmoid",
     "silu",
     "simd_path",
+    "softplus",
     "swiglu",
 ]

@@ -618,33 +618,97 @@ unsafe fn dot_q6k<const W: usize, const R: usize>(
     std::array::from_fn(|w| std::array::from_fn(|r| hsum_ps(acc[w][r])))
 }
 
-/// Float rows: four 8-lane accumulators over 32-element steps, a scalar tail, like ggml.
+/// ggml's `GGML_F32x8_REDUCE` of four 8-lane accumulators: (a0+a2) + (a1+a3), then the two
+/// 128-bit halves, then two `hadd`s: ((l0+l1) + (l2+l3)) with l = low + high half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reduce_f32x8x4(acc: [__m256; 4]) -> f32 {
+    let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+    let t1 = _mm_hadd_ps(t0, t0);
+    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+}
+
+/// Four 8-lane FMA accumulators over the 32-element steps of `ggml_vec_dot_f32`/`_f16` (AVX2),
+/// reduced as ggml does; returns the sum and where the tail starts.
+macro_rules! dot_float_body {
+    ($wt:ty, $at:ty, $w:ident, $a:ident, |$p:ident| $load_w:expr, |$q:ident| $load_a:expr) => {{
+        let n = $a.len();
+        let wp = $w.as_ptr() as *const $wt;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let steps = n / 32;
+        for s in 0..steps {
+            for (k, accum) in acc.iter_mut().enumerate() {
+                let off = 32 * s + 8 * k;
+                let $p = wp.add(off);
+                let $q = $a.as_ptr().add(off);
+                *accum = _mm256_fmadd_ps($load_w, $load_a, *accum);
+            }
+        }
+        (reduce_f32x8x4(acc), 32 * steps, wp)
+    }};
+}
+
+/// F32 rows as ggml's `ggml_vec_dot_f32` (AVX2): the reduced sum is a float, and GCC compiles
+/// its tail loop (`sumf += x[i]*y[i]`) as groups of four rounded products added in order, then
+/// fused multiply-adds for the last `n % 4` elements.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32(w: &[u8], a: &[f32]) -> f32 {
+    let n = a.len();
+    let (mut sum, tail, wp) =
+        dot_float_body!(f32, f32, w, a, |p| _mm256_loadu_ps(p), |q| _mm256_loadu_ps(q));
+    let fused = tail + (n - tail) / 4 * 4;
+    for i in tail..fused {
+        sum += std::ptr::read_unaligned(wp.add(i)) * a[i];
+    }
+    for i in fused..n {
+        sum = std::ptr::read_unaligned(wp.add(i)).mul_add(a[i], sum);
+    }
+    sum
+}
+
+/// F16 rows as ggml's `ggml_vec_dot_f16` (AVX2): the reduced sum and the tail's products
+/// (exact in f32) accumulated in f64 (ggml_float).
 macro_rules! dot_float {
     ($name:ident, $wt:ty, $at:ty, |$p:ident| $load_w:expr, |$q:ident| $load_a:expr, $scalar_w:expr, $scalar_a:expr) => {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name(w: &[u8], a: &[$at]) -> f32 {
-            let n = a.len();
-            let wp = w.as_ptr() as *const $wt;
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let steps = n / 32;
-            for s in 0..steps {
-                for (k, accum) in acc.iter_mut().enumerate() {
-                    let off = 32 * s + 8 * k;
-                    let $p = wp.add(off);
-                    let $q = a.as_ptr().add(off);
-                    *accum = _mm256_fmadd_ps($load_w, $load_a, *accum);
-                }
-            }
-            let total = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-            let mut sum = hsum_ps(total);
-            for i in 32 * steps..n {
+            let (reduced, tail, wp) = dot_float_body!($wt, $at, w, a, |$p| $load_w, |$q| $load_a);
+            let mut sum = reduced as f64;
+            for i in tail..a.len() {
                 let wv: $wt = std::ptr::read_unaligned(wp.add(i));
-                sum += $scalar_w(wv) * $scalar_a(a[i]);
+                sum += ($scalar_w(wv) * $scalar_a(a[i])) as f64;
             }
-            sum
+            sum as f32
         }
     };
+}
+
+/// BF16 rows as ggml's `ggml_vec_dot_bf16` (AVX2): four 8-lane accumulators over 32-element
+/// steps (its `add(mul(x, y), c)`, which GCC contracts to an FMA), (c1+c3) + (c2+c4), `hsum_ps`,
+/// the tail's f32 products added in f64.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16(w: &[u8], a: &[u16]) -> f32 {
+    let n = a.len();
+    let wp = w.as_ptr() as *const u16;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let steps = n / 32;
+    for s in 0..steps {
+        for (k, accum) in acc.iter_mut().enumerate() {
+            let off = 32 * s + 8 * k;
+            *accum = _mm256_fmadd_ps(load_bf16x8(wp.add(off)), load_bf16x8(a.as_ptr().add(off)), *accum);
+        }
+    }
+    let c = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let mut sum = hsum_ps(c) as f64;
+    for i in 32 * steps..n {
+        let wv: u16 = std::ptr::read_unaligned(wp.add(i));
+        sum += (bf16_bits_to_f32(wv) * bf16_bits_to_f32(a[i])) as f64;
+    }
+    sum as f32
 }
 
 #[inline]
@@ -669,15 +733,6 @@ fn bf16_bits_to_f32(v: u16) -> f32 {
 }
 
 dot_float!(
-    dot_f32,
-    f32,
-    f32,
-    |p| _mm256_loadu_ps(p),
-    |q| _mm256_loadu_ps(q),
-    |v: f32| v,
-    |v: f32| v
-);
-dot_float!(
     dot_f16,
     u16,
     u16,
@@ -685,15 +740,6 @@ dot_float!(
     |q| load_f16x8(q),
     f16_bits_to_f32,
     f16_bits_to_f32
-);
-dot_float!(
-    dot_bf16,
-    u16,
-    u16,
-    |p| load_bf16x8(p),
-    |q| load_bf16x8(q),
-    bf16_bits_to_f32,
-    bf16_bits_to_f32
 );
 
 /// `sum(a[i] * f16(b[i]))` for attention scores.

@@ -86,23 +86,6 @@ def imrope_still_pairs(sections: Sequence[int] | None, n_rot: int) -> np.ndarray
     return np.asarray(still, dtype=np.int64)
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """`1 / (1 + exp(-x))` in f32, in one new array (the same operations as the plain expression)."""
-    y = np.negative(x, dtype=np.float32)
-    np.exp(y, out=y)
-    y += 1.0
-    return np.divide(1.0, y, out=y)
-
-
-def softplus(x: np.ndarray) -> np.ndarray:
-    """`x > 20 ? x : log1p(exp(x))` for an f32 array, in one new array (the same operations as `np.where`)."""
-    y = np.minimum(x, 20.0)
-    np.exp(y, out=y)
-    np.log1p(y, out=y)
-    np.copyto(y, x, where=x > 20.0)
-    return y
-
-
 class QwenHybrid(Architecture):
     # Value head j uses key head j % nk ("tiled", qwen35 GGUFs) or j // (nv/nk) ("grouped", qwen3next).
     grouped_heads = False
@@ -226,7 +209,7 @@ class QwenHybrid(Architecture):
             pos,
             kq_scale=1.0 / math.sqrt(hd),
         )
-        a *= sigmoid(gate)
+        a *= hk.sigmoid(gate)  # libm's expf, as ggml (numpy's exp rounds differently)
         return hk.matmul(L.wo, a, cancel)
 
     def _rope(self, x: np.ndarray, n_head: int, pos: np.ndarray) -> None:
@@ -243,8 +226,8 @@ class QwenHybrid(Architecture):
     def _delta_net(self, L: DeltaNet, x: np.ndarray, il: int, segments, spans, states, cancel) -> np.ndarray:
         rows, nv, dv = len(x), self.nv, self.dv
         mixed, z, b, a = L.project(x, cancel)
-        beta = sigmoid(b)
-        g = softplus(np.add(a, L.dt_bias, dtype=np.float32))
+        beta = hk.sigmoid(b)
+        g = hk.softplus(np.add(a, L.dt_bias, dtype=np.float32))
         g *= L.a
         o = np.empty((rows, nv, dv), dtype=np.float32)
         for seg, span in zip(segments, spans):
@@ -283,14 +266,15 @@ class QwenHybrid(Architecture):
         u = hk.conv1d_causal(mixed, L.conv, conv_state, silu=fused, new_state=new_conv)
         if not fused:
             u = hk.silu(u.reshape(-1)).reshape(u.shape)
-        # q and k heads L2-normalised in one call (per row: the same bits as two)
-        qk = hk.l2_norm(np.ascontiguousarray(u[:, : 2 * nk * dk]).reshape(-1, dk), self.eps).reshape(t, 2 * nk, dk)
-        q, k = np.ascontiguousarray(qk[:, :nk]), np.ascontiguousarray(qk[:, nk:])
+        # q and k are L2-normalised inside the kernel as llama.cpp's graph does it
+        # (`rms_norm(x, eps / dk) / sqrt(dk)`, not ggml_l2_norm: the two differ in the last bits)
+        q = np.ascontiguousarray(u[:, : nk * dk]).reshape(t, nk, dk)
+        k = np.ascontiguousarray(u[:, nk * dk : 2 * nk * dk]).reshape(t, nk, dk)
         if self.grouped_heads and nv != nk:
             # the kernel pairs v head j with k head j % n_k: repeat each k head for its group
             q, k = np.repeat(q, nv // nk, axis=1), np.repeat(k, nv // nk, axis=1)
         v = np.ascontiguousarray(u[:, 2 * nk * dk :]).reshape(t, nv, dv)
-        return hk.gated_delta_rule(q, k, v, g, beta, ssm_state, new_state=new_ssm)
+        return hk.gated_delta_rule(q, k, v, g, beta, ssm_state, l2_eps=self.eps, new_state=new_ssm)
 
     def _replay_recurrent(self, il: int, inputs: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]) -> None:
         mixer = self.layers[il].mixer
