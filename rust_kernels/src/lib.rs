@@ -7,6 +7,7 @@ pub mod attention;
 pub mod cancel;
 pub mod gpu;
 mod gpu_py;
+mod gpu_recurrent_py;
 pub mod matmul;
 pub mod moe;
 mod moe_py;
@@ -731,5 +732,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<moe_py::MoeFfn>()?;
     // the GPU path (wgpu)
     gpu_py::register(m)?;
+    gpu_recurrent_py::register(m)?;
     Ok(())
 }

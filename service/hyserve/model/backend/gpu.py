@@ -9,6 +9,8 @@ from collections.abc import Sequence
 import hyserve_kernels as hk
 import numpy as np
 
+from hyserve.model.backend.recurrent_gpu import GpuRecurrentOps
+
 
 class GpuKVCache:
     """One attention layer's K/V cache on the device (f16, index == token position). Host copies
@@ -36,7 +38,7 @@ class GpuKVCache:
         return k.view(np.float16), v.view(np.float16)
 
 
-class GpuBackend:
+class GpuBackend(GpuRecurrentOps):
     name = "gpu"
 
     def __init__(self, device: hk.GpuDevice) -> None:
