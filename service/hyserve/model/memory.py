@@ -131,6 +131,9 @@ class RecurrentState:
         self.conv[...] = conv
         self.ssm[...] = ssm
 
+    def to_host(self, conv: np.ndarray, ssm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return conv, ssm
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -146,6 +149,11 @@ class Snapshot:
         return sum(c.nbytes + s.nbytes for c, s in self.states.values()) + sum(
             k.nbytes + v.nbytes for _, k, v in self.windows.values()
         )
+
+    @property
+    def device_nbytes(self) -> int:
+        """The part of `nbytes` on a GPU device (the states of a GPU memory's checkpoints)."""
+        return sum(c.nbytes + s.nbytes for c, s in self.states.values() if not isinstance(c, np.ndarray))
 
 
 @dataclass(frozen=True)
@@ -260,6 +268,13 @@ class SequenceMemory:
         n = self.n_tokens
         states = {il: st.host_copies() if host else st.copies() for il, st in self.recurrent.items()}
         return Snapshot(n, states, {il: ring.window_copy(n) for il, ring in self.rings.items()})
+
+    def host_snapshot(self, snap: Snapshot) -> Snapshot:
+        """`snap` with its states in host memory (for the prefix store); `snap` itself if they are."""
+        if not snap.device_nbytes:
+            return snap
+        states = {il: self.recurrent[il].to_host(c, s) for il, (c, s) in snap.states.items()}
+        return Snapshot(snap.n_tokens, states, snap.windows)
 
     def restore(self, snap: Snapshot) -> None:
         """Put back the recurrent state after `snap.n_tokens` tokens; the KV cache is truncated to it

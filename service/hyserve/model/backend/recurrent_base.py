@@ -30,6 +30,10 @@ class RecurrentState(Protocol):
         """(conv, ssm) copies in host memory (the prefix store)."""
         ...
 
+    def to_host(self, conv: Tensor, ssm: Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of a (conv, ssm) pair from `copies` (as they are when already on the host)."""
+        ...
+
     def put(self, conv: Tensor | np.ndarray, ssm: Tensor | np.ndarray) -> None:
         """Become the given state (a copy from `copies` or `host_copies`), exactly."""
         ...

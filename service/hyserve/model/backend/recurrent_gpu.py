@@ -37,6 +37,9 @@ class GpuRecurrentState:
     def host_copies(self) -> tuple[np.ndarray, np.ndarray]:
         return self.device.to_host(self.conv), self.device.to_host(self.ssm)
 
+    def to_host(self, conv: hk.GpuTensor, ssm: hk.GpuTensor) -> tuple[np.ndarray, np.ndarray]:
+        return self.device.to_host(conv), self.device.to_host(ssm)
+
     def put(self, conv: hk.GpuTensor | np.ndarray, ssm: hk.GpuTensor | np.ndarray) -> None:
         for dst, src in ((self.conv, conv), (self.ssm, ssm)):
             if isinstance(src, np.ndarray):
