@@ -83,5 +83,5 @@ class Backend(RecurrentOps, Protocol):
         ...
 
     def abort(self) -> None:
-        """Forget work recorded by a forward call that did not finish (a cancel or an error)."""
+        """End a forward call that did not finish (a cancel or an error): no memory may change."""
         ...

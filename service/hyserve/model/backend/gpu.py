@@ -135,4 +135,7 @@ class GpuBackend(GpuRecurrentOps):
         self.device.flush()
 
     def abort(self) -> None:
-        self.device.discard()
+        # Submitted, not dropped: the device has one pending encoder, and another thread (another
+        # engine on this device) may have recorded work into it too. A cancelled call's work changes
+        # no memory: it writes only KV positions past each memory's token count and spare state buffers.
+        self.device.flush()
