@@ -44,18 +44,29 @@ fn gpu_conv1d(
     check_f32(&[&x, &weight, &state_in, &state_out], "conv1d")?;
     let channels = *x.shape.last().unwrap_or(&0);
     if channels == 0 || weight.size() % channels != 0 {
-        return Err(value_error(format!("conv1d: weight {:?} for rows of {channels}", weight.shape)));
+        return Err(value_error(format!(
+            "conv1d: weight {:?} for rows of {channels}",
+            weight.shape
+        )));
     }
     let kernel = weight.size() / channels;
     let n = x.size() / channels;
-    if kernel == 0 || state_in.size() != (kernel - 1) * channels || state_out.size() != state_in.size() {
-        return Err(value_error(format!("conv1d: states must be {} x {channels}", kernel.saturating_sub(1))));
+    if kernel == 0
+        || state_in.size() != (kernel - 1) * channels
+        || state_out.size() != state_in.size()
+    {
+        return Err(value_error(format!(
+            "conv1d: states must be {} x {channels}",
+            kernel.saturating_sub(1)
+        )));
     }
     if bias.as_ref().is_some_and(|b| b.size() != channels) {
         return Err(value_error("conv1d: bias must have one value per channel"));
     }
     if same_buffer(&state_in, &state_out) {
-        return Err(value_error("conv1d: state_in and state_out must be different tensors"));
+        return Err(value_error(
+            "conv1d: state_in and state_out must be different tensors",
+        ));
     }
     let c = Conv {
         n,
@@ -64,7 +75,15 @@ fn gpu_conv1d(
         silu,
     };
     let b = bias.as_ref().map(|b| &*b.buf);
-    let out = recurrent::conv1d(&dev.gpu, &x.buf, &weight.buf, b, &state_in.buf, &state_out.buf, &c);
+    let out = recurrent::conv1d(
+        &dev.gpu,
+        &x.buf,
+        &weight.buf,
+        b,
+        &state_in.buf,
+        &state_out.buf,
+        &c,
+    );
     Ok(f32_tensor(out, vec![n, channels]))
 }
 
@@ -85,9 +104,15 @@ fn gpu_delta_rule(
     nv: usize,
     grouped: bool,
 ) -> PyResult<GpuTensor> {
-    check_f32(&[&q, &k, &v, &g, &beta, &state_in, &state_out], "delta_rule")?;
+    check_f32(
+        &[&q, &k, &v, &g, &beta, &state_in, &state_out],
+        "delta_rule",
+    )?;
     if nk == 0 || nv == 0 || !nv.is_multiple_of(nk) || !g.size().is_multiple_of(nv) {
-        return Err(value_error(format!("delta_rule: {nv} v heads over {nk} k heads, g {:?}", g.shape)));
+        return Err(value_error(format!(
+            "delta_rule: {nv} v heads over {nk} k heads, g {:?}",
+            g.shape
+        )));
     }
     let n = g.size() / nv;
     if n == 0 {
@@ -104,7 +129,9 @@ fn gpu_delta_rule(
         && dk > 0
         && dv > 0;
     if !ok || same_buffer(&state_in, &state_out) {
-        return Err(value_error("delta_rule: shapes do not match (or state_in is state_out)"));
+        return Err(value_error(
+            "delta_rule: shapes do not match (or state_in is state_out)",
+        ));
     }
     let s = DeltaRule {
         n,
@@ -145,10 +172,20 @@ fn gpu_mamba2_scan(
     state_out: PyRef<'_, GpuTensor>,
     n_groups: usize,
 ) -> PyResult<GpuTensor> {
-    check_f32(&[&x, &dt, &a, &b, &c, &d, &dt_bias, &state_in, &state_out], "mamba2_scan")?;
+    check_f32(
+        &[&x, &dt, &a, &b, &c, &d, &dt_bias, &state_in, &state_out],
+        "mamba2_scan",
+    )?;
     let nh = a.size();
-    if nh == 0 || n_groups == 0 || !nh.is_multiple_of(n_groups) || d.size() != nh || dt_bias.size() != nh {
-        return Err(value_error("mamba2_scan: A, D, dt_bias must have one value per head (a multiple of groups)"));
+    if nh == 0
+        || n_groups == 0
+        || !nh.is_multiple_of(n_groups)
+        || d.size() != nh
+        || dt_bias.size() != nh
+    {
+        return Err(value_error(
+            "mamba2_scan: A, D, dt_bias must have one value per head (a multiple of groups)",
+        ));
     }
     let n = dt.size() / nh;
     if n == 0 {
@@ -165,13 +202,21 @@ fn gpu_mamba2_scan(
         && p > 0
         && ns > 0;
     if !ok || same_buffer(&state_in, &state_out) {
-        return Err(value_error("mamba2_scan: shapes do not match (or state_in is state_out)"));
+        return Err(value_error(
+            "mamba2_scan: shapes do not match (or state_in is state_out)",
+        ));
     }
     // the per-head values in one binding (A, D, dt_bias): the kernel's eight storage bindings
     let gpu = &dev.gpu;
     let heads = gpu.alloc((3 * nh * 4) as u64);
     for (i, t) in [&a, &d, &dt_bias].iter().enumerate() {
-        gpu.copy(t.buf.raw(), 0, heads.raw(), (i * nh * 4) as u64, (nh * 4) as u64);
+        gpu.copy(
+            t.buf.raw(),
+            0,
+            heads.raw(),
+            (i * nh * 4) as u64,
+            (nh * 4) as u64,
+        );
     }
     let s = Mamba2 {
         n,
@@ -180,7 +225,17 @@ fn gpu_mamba2_scan(
         n_groups,
         d_state: ns,
     };
-    let out = recurrent::mamba2_scan(gpu, &x.buf, &dt.buf, &b.buf, &c.buf, &heads, &state_in.buf, &state_out.buf, &s);
+    let out = recurrent::mamba2_scan(
+        gpu,
+        &x.buf,
+        &dt.buf,
+        &b.buf,
+        &c.buf,
+        &heads,
+        &state_in.buf,
+        &state_out.buf,
+        &s,
+    );
     Ok(f32_tensor(out, vec![n, nh, p]))
 }
 
@@ -196,18 +251,38 @@ fn gpu_gdn_gates(
     check_f32(&[&b, &a, &dt_bias, &neg_a], "gdn_gates")?;
     let m = dt_bias.size();
     if m == 0 || neg_a.size() != m || a.size() != b.size() || !a.size().is_multiple_of(m) {
-        return Err(value_error("gdn_gates: a and b must be rows of len(dt_bias) == len(A)"));
+        return Err(value_error(
+            "gdn_gates: a and b must be rows of len(dt_bias) == len(A)",
+        ));
     }
-    let (g, beta) = recurrent::gdn_gates(&dev.gpu, &b.buf, &a.buf, &dt_bias.buf, &neg_a.buf, a.size(), m);
-    Ok((f32_tensor(g, a.shape.clone()), f32_tensor(beta, b.shape.clone())))
+    let (g, beta) = recurrent::gdn_gates(
+        &dev.gpu,
+        &b.buf,
+        &a.buf,
+        &dt_bias.buf,
+        &neg_a.buf,
+        a.size(),
+        m,
+    );
+    Ok((
+        f32_tensor(g, a.shape.clone()),
+        f32_tensor(beta, b.shape.clone()),
+    ))
 }
 
 /// dst *= sigmoid(gate)
 #[pyfunction]
-fn gpu_sigmoid_mul(dev: PyRef<'_, GpuDevice>, dst: PyRef<'_, GpuTensor>, gate: PyRef<'_, GpuTensor>) -> PyResult<()> {
+fn gpu_sigmoid_mul(
+    dev: PyRef<'_, GpuDevice>,
+    dst: PyRef<'_, GpuTensor>,
+    gate: PyRef<'_, GpuTensor>,
+) -> PyResult<()> {
     check_f32(&[&dst, &gate], "sigmoid_mul")?;
     if dst.size() != gate.size() {
-        return Err(value_error(format!("sigmoid_mul: {:?} and {:?}", dst.shape, gate.shape)));
+        return Err(value_error(format!(
+            "sigmoid_mul: {:?} and {:?}",
+            dst.shape, gate.shape
+        )));
     }
     recurrent::sigmoid_mul(&dev.gpu, &dst.buf, &gate.buf, dst.size());
     Ok(())
@@ -215,11 +290,18 @@ fn gpu_sigmoid_mul(dev: PyRef<'_, GpuDevice>, dst: PyRef<'_, GpuTensor>, gate: P
 
 /// dst[r, :] *= w for every row r
 #[pyfunction]
-fn gpu_mul_row(dev: PyRef<'_, GpuDevice>, dst: PyRef<'_, GpuTensor>, w: PyRef<'_, GpuTensor>) -> PyResult<()> {
+fn gpu_mul_row(
+    dev: PyRef<'_, GpuDevice>,
+    dst: PyRef<'_, GpuTensor>,
+    w: PyRef<'_, GpuTensor>,
+) -> PyResult<()> {
     check_f32(&[&dst, &w], "mul_row")?;
     let m = w.size();
     if m == 0 || !dst.size().is_multiple_of(m) {
-        return Err(value_error(format!("mul_row: {:?} is not rows of {m}", dst.shape)));
+        return Err(value_error(format!(
+            "mul_row: {:?} is not rows of {m}",
+            dst.shape
+        )));
     }
     recurrent::mul_row(&dev.gpu, &dst.buf, &w.buf, dst.size(), m);
     Ok(())
@@ -227,29 +309,49 @@ fn gpu_mul_row(dev: PyRef<'_, GpuDevice>, dst: PyRef<'_, GpuTensor>, w: PyRef<'_
 
 /// x / max(|x|, eps) over groups of n consecutive values (ggml_l2_norm); a new tensor.
 #[pyfunction]
-fn gpu_l2_norm(dev: PyRef<'_, GpuDevice>, x: PyRef<'_, GpuTensor>, n: usize, eps: f32) -> PyResult<GpuTensor> {
+fn gpu_l2_norm(
+    dev: PyRef<'_, GpuDevice>,
+    x: PyRef<'_, GpuTensor>,
+    n: usize,
+    eps: f32,
+) -> PyResult<GpuTensor> {
     check_f32(&[&x], "l2_norm")?;
     if n == 0 || !x.size().is_multiple_of(n) {
-        return Err(value_error(format!("l2_norm: {:?} is not rows of {n}", x.shape)));
+        return Err(value_error(format!(
+            "l2_norm: {:?} is not rows of {n}",
+            x.shape
+        )));
     }
     let out = recurrent::l2_norm(&dev.gpu, &x.buf, x.size() / n, n, eps);
     Ok(f32_tensor(out, x.shape.clone()))
 }
 
 fn ops_copy(dev: &GpuDevice, src: &GpuTensor, dst: &GpuTensor) {
-    dev.gpu.copy(src.buf.raw(), 0, dst.buf.raw(), 0, (src.size() * 4) as u64);
+    dev.gpu
+        .copy(src.buf.raw(), 0, dst.buf.raw(), 0, (src.size() * 4) as u64);
 }
 
 /// Rows start..stop of a tensor (along its first dimension), as a new tensor.
 #[pyfunction]
-fn gpu_rows(dev: PyRef<'_, GpuDevice>, x: PyRef<'_, GpuTensor>, start: usize, stop: usize) -> PyResult<GpuTensor> {
+fn gpu_rows(
+    dev: PyRef<'_, GpuDevice>,
+    x: PyRef<'_, GpuTensor>,
+    start: usize,
+    stop: usize,
+) -> PyResult<GpuTensor> {
     let rows = x.shape.first().copied().unwrap_or(0);
     if start > stop || stop > rows {
         return Err(value_error(format!("rows {start}..{stop} of {rows}")));
     }
     let per = x.size() / rows.max(1);
     let out = dev.gpu.alloc(((stop - start) * per * 4) as u64);
-    dev.gpu.copy(x.buf.raw(), (start * per * 4) as u64, out.raw(), 0, ((stop - start) * per * 4) as u64);
+    dev.gpu.copy(
+        x.buf.raw(),
+        (start * per * 4) as u64,
+        out.raw(),
+        0,
+        ((stop - start) * per * 4) as u64,
+    );
     let mut shape = x.shape.clone();
     if let Some(first) = shape.first_mut() {
         *first = stop - start;
@@ -259,13 +361,27 @@ fn gpu_rows(dev: PyRef<'_, GpuDevice>, x: PyRef<'_, GpuTensor>, start: usize, st
 
 /// dst[start:start+len(src)] = src (rows along the first dimension; same row length).
 #[pyfunction]
-fn gpu_put_rows(dev: PyRef<'_, GpuDevice>, dst: PyRef<'_, GpuTensor>, start: usize, src: PyRef<'_, GpuTensor>) -> PyResult<()> {
+fn gpu_put_rows(
+    dev: PyRef<'_, GpuDevice>,
+    dst: PyRef<'_, GpuTensor>,
+    start: usize,
+    src: PyRef<'_, GpuTensor>,
+) -> PyResult<()> {
     let rows = dst.shape.first().copied().unwrap_or(0);
     let per = dst.size() / rows.max(1);
     if per == 0 || !src.size().is_multiple_of(per) || start + src.size() / per > rows {
-        return Err(value_error(format!("put_rows: {:?} at row {start} of {:?}", src.shape, dst.shape)));
+        return Err(value_error(format!(
+            "put_rows: {:?} at row {start} of {:?}",
+            src.shape, dst.shape
+        )));
     }
-    dev.gpu.copy(src.buf.raw(), 0, dst.buf.raw(), (start * per * 4) as u64, (src.size() * 4) as u64);
+    dev.gpu.copy(
+        src.buf.raw(),
+        0,
+        dst.buf.raw(),
+        (start * per * 4) as u64,
+        (src.size() * 4) as u64,
+    );
     Ok(())
 }
 
@@ -273,16 +389,24 @@ fn gpu_put_rows(dev: PyRef<'_, GpuDevice>, dst: PyRef<'_, GpuTensor>, start: usi
 #[pyfunction]
 fn gpu_clone(dev: PyRef<'_, GpuDevice>, x: PyRef<'_, GpuTensor>) -> GpuTensor {
     let out = dev.gpu.alloc((x.size() * 4) as u64);
-    dev.gpu.copy(x.buf.raw(), 0, out.raw(), 0, (x.size() * 4) as u64);
+    dev.gpu
+        .copy(x.buf.raw(), 0, out.raw(), 0, (x.size() * 4) as u64);
     GpuTensor::new(out, x.dtype, x.shape.clone())
 }
 
 /// dst = src (same size; device to device), submitted at once: a later forward call that is
 /// dropped cannot take the copy with it.
 #[pyfunction]
-fn gpu_copy_into(dev: PyRef<'_, GpuDevice>, src: PyRef<'_, GpuTensor>, dst: PyRef<'_, GpuTensor>) -> PyResult<()> {
+fn gpu_copy_into(
+    dev: PyRef<'_, GpuDevice>,
+    src: PyRef<'_, GpuTensor>,
+    dst: PyRef<'_, GpuTensor>,
+) -> PyResult<()> {
     if src.size() != dst.size() {
-        return Err(value_error(format!("copy_into: {:?} into {:?}", src.shape, dst.shape)));
+        return Err(value_error(format!(
+            "copy_into: {:?} into {:?}",
+            src.shape, dst.shape
+        )));
     }
     ops_copy(&dev, &src, &dst);
     dev.gpu.flush();
@@ -291,10 +415,20 @@ fn gpu_copy_into(dev: PyRef<'_, GpuDevice>, src: PyRef<'_, GpuTensor>, dst: PyRe
 
 /// Writes host f32 values into a tensor (after all work recorded so far).
 #[pyfunction]
-fn gpu_write(dev: PyRef<'_, GpuDevice>, dst: PyRef<'_, GpuTensor>, a: PyReadonlyArrayDyn<'_, f32>) -> PyResult<()> {
-    let s = a.as_slice().map_err(|_| value_error("array must be C-contiguous"))?;
+fn gpu_write(
+    dev: PyRef<'_, GpuDevice>,
+    dst: PyRef<'_, GpuTensor>,
+    a: PyReadonlyArrayDyn<'_, f32>,
+) -> PyResult<()> {
+    let s = a
+        .as_slice()
+        .map_err(|_| value_error("array must be C-contiguous"))?;
     if s.len() != dst.size() || a.shape().iter().product::<usize>() != dst.size() {
-        return Err(value_error(format!("write: {:?} into {:?}", a.shape(), dst.shape)));
+        return Err(value_error(format!(
+            "write: {:?} into {:?}",
+            a.shape(),
+            dst.shape
+        )));
     }
     dev.gpu.write(dst.buf.raw(), 0, bytemuck::cast_slice(s));
     Ok(())
@@ -302,11 +436,22 @@ fn gpu_write(dev: PyRef<'_, GpuDevice>, dst: PyRef<'_, GpuTensor>, a: PyReadonly
 
 /// The 2-D tensors side by side (same row count): rows × sum of their widths.
 #[pyfunction]
-fn gpu_concat_columns(dev: PyRef<'_, GpuDevice>, parts: Vec<PyRef<'_, GpuTensor>>) -> PyResult<GpuTensor> {
-    let rows = parts.first().map_or(0, |t| t.shape.first().copied().unwrap_or(0));
+fn gpu_concat_columns(
+    dev: PyRef<'_, GpuDevice>,
+    parts: Vec<PyRef<'_, GpuTensor>>,
+) -> PyResult<GpuTensor> {
+    let rows = parts
+        .first()
+        .map_or(0, |t| t.shape.first().copied().unwrap_or(0));
     let widths: Vec<usize> = parts.iter().map(|t| t.size() / rows.max(1)).collect();
-    if parts.iter().zip(&widths).any(|(t, &w)| t.size() != rows * w || t.dtype != Dtype::F32) {
-        return Err(value_error("concat_columns: f32 parts of the same row count"));
+    if parts
+        .iter()
+        .zip(&widths)
+        .any(|(t, &w)| t.size() != rows * w || t.dtype != Dtype::F32)
+    {
+        return Err(value_error(
+            "concat_columns: f32 parts of the same row count",
+        ));
     }
     let total: usize = widths.iter().sum();
     let out = dev.gpu.alloc((rows * total * 4) as u64);

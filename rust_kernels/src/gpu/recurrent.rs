@@ -153,12 +153,31 @@ pub fn conv1d(
             gx,
         ]
     };
-    let buffers = [x.raw(), weight.raw(), bias_buf, state_in.raw(), out.raw(), state_out.raw()];
+    let buffers = [
+        x.raw(),
+        weight.raw(),
+        bias_buf,
+        state_in.raw(),
+        out.raw(),
+        state_out.raw(),
+    ];
     let (gx, gy) = groups_1d(c.n * c.channels);
-    gpu.dispatch(&CONV_OUT, &[], &buffers, bytes_of(&params(c.n * c.channels, gx)), [gx, gy, 1]);
+    gpu.dispatch(
+        &CONV_OUT,
+        &[],
+        &buffers,
+        bytes_of(&params(c.n * c.channels, gx)),
+        [gx, gy, 1],
+    );
     let state_len = (c.kernel - 1) * c.channels;
     let (gx, gy) = groups_1d(state_len);
-    gpu.dispatch(&CONV_STATE, &[], &buffers, bytes_of(&params(state_len, gx)), [gx, gy, 1]);
+    gpu.dispatch(
+        &CONV_STATE,
+        &[],
+        &buffers,
+        bytes_of(&params(state_len, gx)),
+        [gx, gy, 1],
+    );
     out
 }
 
@@ -198,7 +217,16 @@ pub fn delta_rule(
         scale.to_bits(),
         gx,
     ];
-    let buffers = [q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state_in.raw(), state_out.raw(), out.raw()];
+    let buffers = [
+        q.raw(),
+        k.raw(),
+        v.raw(),
+        g.raw(),
+        beta.raw(),
+        state_in.raw(),
+        state_out.raw(),
+        out.raw(),
+    ];
     gpu.dispatch(&DELTA_RULE, &[], &buffers, bytes_of(&p), [gx, gy, 1]);
     out
 }
@@ -238,7 +266,16 @@ pub fn mamba2_scan(
         0,
         0,
     ];
-    let buffers = [x.raw(), dt.raw(), b.raw(), c.raw(), heads.raw(), state_in.raw(), state_out.raw(), out.raw()];
+    let buffers = [
+        x.raw(),
+        dt.raw(),
+        b.raw(),
+        c.raw(),
+        heads.raw(),
+        state_in.raw(),
+        state_out.raw(),
+        out.raw(),
+    ];
     gpu.dispatch(&MAMBA2_SCAN, &[], &buffers, bytes_of(&p), [gx, gy, 1]);
     out
 }
@@ -261,7 +298,13 @@ fn misc(
     let spare = gpu.alloc(16);
     let dst2 = dst2.unwrap_or(&spare);
     let [a, b, c, d] = inputs.map(|t| t.map_or(&gpu.dummy, GpuBuffer::raw));
-    gpu.dispatch(k, &[], &[dst.raw(), dst2.raw(), a, b, c, d], bytes_of(&p), [gx, gy, 1]);
+    gpu.dispatch(
+        k,
+        &[],
+        &[dst.raw(), dst2.raw(), a, b, c, d],
+        bytes_of(&p),
+        [gx, gy, 1],
+    );
 }
 
 /// The Gated DeltaNet gates of n × m values: g = softplus(a + dt_bias) · A, beta = sigmoid(b).
@@ -276,23 +319,59 @@ pub fn gdn_gates(
 ) -> (GpuBuffer, GpuBuffer) {
     let g = gpu.alloc((n * 4) as u64);
     let beta = gpu.alloc((n * 4) as u64);
-    misc(gpu, &GATES, &g, Some(&beta), [Some(a), Some(b), Some(dt_bias), Some(neg_a)], n, m, 0.0);
+    misc(
+        gpu,
+        &GATES,
+        &g,
+        Some(&beta),
+        [Some(a), Some(b), Some(dt_bias), Some(neg_a)],
+        n,
+        m,
+        0.0,
+    );
     (g, beta)
 }
 
 /// dst *= sigmoid(gate), element-wise over n values.
 pub fn sigmoid_mul(gpu: &Gpu, dst: &GpuBuffer, gate: &GpuBuffer, n: usize) {
-    misc(gpu, &SIGMOID_MUL, dst, None, [Some(gate), None, None, None], n, 1, 0.0);
+    misc(
+        gpu,
+        &SIGMOID_MUL,
+        dst,
+        None,
+        [Some(gate), None, None, None],
+        n,
+        1,
+        0.0,
+    );
 }
 
 /// dst[i] *= w[i % m] over n values.
 pub fn mul_row(gpu: &Gpu, dst: &GpuBuffer, w: &GpuBuffer, n: usize, m: usize) {
-    misc(gpu, &MUL_ROW, dst, None, [Some(w), None, None, None], n, m, 0.0);
+    misc(
+        gpu,
+        &MUL_ROW,
+        dst,
+        None,
+        [Some(w), None, None, None],
+        n,
+        m,
+        0.0,
+    );
 }
 
 /// x / max(|x|, eps) for each of `rows` rows of `m`: a new buffer.
 pub fn l2_norm(gpu: &Gpu, x: &GpuBuffer, rows: usize, m: usize, eps: f32) -> GpuBuffer {
     let out = gpu.alloc((rows * m * 4) as u64);
-    misc(gpu, &L2_NORM, &out, None, [Some(x), None, None, None], rows, m, eps);
+    misc(
+        gpu,
+        &L2_NORM,
+        &out,
+        None,
+        [Some(x), None, None, None],
+        rows,
+        m,
+        eps,
+    );
     out
 }
