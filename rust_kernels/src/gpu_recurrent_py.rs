@@ -43,7 +43,7 @@ fn gpu_conv1d(
 ) -> PyResult<GpuTensor> {
     check_f32(&[&x, &weight, &state_in, &state_out], "conv1d")?;
     let channels = *x.shape.last().unwrap_or(&0);
-    if channels == 0 || weight.size() % channels != 0 {
+    if channels == 0 || !weight.size().is_multiple_of(channels) {
         return Err(value_error(format!(
             "conv1d: weight {:?} for rows of {channels}",
             weight.shape
