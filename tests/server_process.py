@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,8 +33,11 @@ def health(target: str, service: str = READY_SERVICE) -> int:
 
 
 @contextmanager
-def running_server(log_path: Path, *args: str, timeout_s: float = 180) -> Iterator[str]:
-    """Yields the server's target ("127.0.0.1:PORT") once health reports SERVING; SIGTERM after."""
+def running_server(
+    log_path: Path, *args: str, timeout_s: float = 180, probe: Callable[[str], int] = health
+) -> Iterator[str]:
+    """Yields the server's target ("127.0.0.1:PORT") once `probe` (default: a plaintext health check)
+    reports SERVING; SIGTERM after."""
     target = f"127.0.0.1:{free_port()}"
     cmd = [sys.executable, "-m", "hyserve", "serve", "--host", "127.0.0.1", "--port", target.split(":")[1], *args]
     with open(log_path, "wb") as log:
@@ -45,7 +48,7 @@ def running_server(log_path: Path, *args: str, timeout_s: float = 180) -> Iterat
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
             try:
-                if health(target) == health_pb2.HealthCheckResponse.SERVING:
+                if probe(target) == health_pb2.HealthCheckResponse.SERVING:
                     break
             except grpc.RpcError:
                 pass

@@ -48,6 +48,7 @@ def test_the_image_s_command_is_a_valid_serve_command_on_the_exposed_ports() -> 
     exposed = re.search(r"^EXPOSE (.*)$", (DOCKER / "Dockerfile").read_text(), re.M)
     assert exposed and {str(args.port), str(args.metrics_port)} == set(exposed.group(1).split())
     assert args.host == "0.0.0.0"
+    assert args.insecure, "beyond loopback without TLS or tokens, serve refuses to start unless --insecure"
 
 
 @pytest.mark.parametrize("where", ["compose", "k8s"])

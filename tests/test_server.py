@@ -279,7 +279,7 @@ def test_model_info(client: HyserveClient) -> None:
     assert info.bos_token_id == 2 and info.eos_token_ids[0] == 1
     assert info.has_chat_template  # --chat-template was given
     assert info.memory_kind.value == "sliding_window"
-    assert info.model_path.endswith(".gguf") and info.server_version
+    assert info.model_path.endswith(".gguf") and "/" not in info.model_path and info.server_version
 
 
 # --- Generate --------------------------------------------------------------------------------------

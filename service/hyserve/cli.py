@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hyserve.logging_setup import configure_logging
 from hyserve.model.backend.select import add_device_arguments
+from hyserve.operator_errors import OperatorError, model_path_error, run_flag_error, run_reporting
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -27,6 +28,9 @@ def _generate(args: argparse.Namespace) -> int:
     from hyserve.engine.sampling import SamplingParams
     from hyserve.model.loader import load_model
 
+    problem = run_flag_error(args) or model_path_error(args.model)
+    if problem is not None:
+        raise OperatorError(problem)
     hyserve_kernels.set_num_threads(args.threads)
     model = load_model(args.model, args.chat_template, args.device, args.gpu_backend, args.gpu_adapter)
     if args.chat:
@@ -51,10 +55,34 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hash_token(args: argparse.Namespace) -> int:
+    from hyserve.api.auth import hash_token, new_token_line
+
+    if args.stdin:  # an existing token, e.g. from a secret manager
+        token = sys.stdin.readline().strip()
+        if not token:
+            raise OperatorError("no token on standard input")
+        print(f"{args.name} {hash_token(token)}" + (" admin" if args.admin else ""))
+        return 0
+    try:
+        token, line = new_token_line(args.name, args.admin)
+    except ValueError as exc:
+        raise OperatorError(str(exc)) from exc
+    print(line)
+    print(token, file=sys.stderr)
+    return 0
+
+
+def _add_debug(p: argparse.ArgumentParser, default: object) -> None:
+    p.add_argument("--debug", action="store_true", default=default, help="show tracebacks for operator errors")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hyserve", description="gRPC inference service for GGUF models")
+    _add_debug(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("run", help="generate text in-process, without a server")
+    _add_debug(gen, argparse.SUPPRESS)
     gen.add_argument("prompt")
     _add_model_args(gen)
     gen.add_argument("--max-tokens", type=int, default=64)
@@ -70,7 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     from hyserve.api.server import add_serve_subcommand
 
-    add_serve_subcommand(sub)
+    _add_debug(add_serve_subcommand(sub), argparse.SUPPRESS)
+    tok = sub.add_parser(
+        "hash-token",
+        help="print a token-file line for --auth-token-file (stdout) and the new token (stderr)",
+    )
+    tok.add_argument("name", help="principal name")
+    tok.add_argument("--admin", action="store_true", help="this principal sees and may cancel every task")
+    tok.add_argument("--stdin", action="store_true", help="hash the token read from standard input instead")
+    tok.set_defaults(func=_hash_token)
     # generate / cancel / stats / model-info talk to a running server (the hyserve-client CLI)
     from hyserve_client.cli import add_subcommands
 
@@ -81,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging()
-    return int(args.func(args))
+    return int(run_reporting(args.command, args.func, args))
 
 
 if __name__ == "__main__":

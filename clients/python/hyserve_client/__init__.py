@@ -19,6 +19,7 @@ from hyserve_client.client import (
     channel_options,
 )
 from hyserve_client.requests import GenerateParams, Message, build_generate_request
+from hyserve_client.security import tls_credentials
 from hyserve_client.types import (
     Accepted,
     CacheCounters,
@@ -78,4 +79,5 @@ __all__ = [
     "__version__",
     "build_generate_request",
     "channel_options",
+    "tls_credentials",
 ]

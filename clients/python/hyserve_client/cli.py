@@ -26,6 +26,7 @@ from typing import Any, cast
 
 from hyserve_client.client import HyserveClient, HyserveError
 from hyserve_client.requests import GenerateParams, Message
+from hyserve_client.security import tls_credentials
 from hyserve_client.types import Accepted, Delta, Finished
 
 __all__ = ["DEFAULT_TARGET", "add_subcommands", "build_parser", "main"]
@@ -44,10 +45,20 @@ def _add_connection_args(p: argparse.ArgumentParser) -> None:
         "--target", default=None, help=f"server address host:port (default: $HYSERVE_TARGET or {DEFAULT_TARGET})"
     )
     p.add_argument("--timeout", type=float, default=None, help="deadline of the call in seconds (default: none)")
+    sec = p.add_argument_group("security")
+    sec.add_argument("--token", default=None, help="bearer token (default: $HYSERVE_TOKEN)")
+    sec.add_argument("--tls", action="store_true", help="use TLS, verifying the server with the system's CAs")
+    sec.add_argument("--tls-ca", default=None, help="use TLS, verifying the server with this PEM CA")
+    sec.add_argument("--tls-cert", default=None, help="client certificate (PEM) for mutual TLS")
+    sec.add_argument("--tls-key", default=None, help="private key (PEM) of --tls-cert")
 
 
 def _client(args: argparse.Namespace) -> HyserveClient:
-    return HyserveClient(args.target or _default_target(), timeout=args.timeout)
+    credentials = None
+    if args.tls or args.tls_ca or args.tls_cert:
+        credentials = tls_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+    token = args.token or os.environ.get("HYSERVE_TOKEN") or None
+    return HyserveClient(args.target or _default_target(), timeout=args.timeout, credentials=credentials, token=token)
 
 
 def _jsonable(value: Any) -> Any:

@@ -40,6 +40,7 @@ from hyserve_client._gen import hyserve_pb2 as pb
 from hyserve_client._gen import hyserve_pb2_grpc as pb_grpc
 from hyserve_client._version import __version__
 from hyserve_client.requests import GenerateParams, Message, build_generate_request
+from hyserve_client.security import auth_metadata
 from hyserve_client.types import (
     Accepted,
     CacheStats,
@@ -240,19 +241,24 @@ SESSION_HEADER: Final = "x-session-id"
 
 
 class _ClientBase:
-    def __init__(self, target: str, timeout: float | None, wait_for_ready: bool, session_id: str | None) -> None:
+    def __init__(
+        self, target: str, timeout: float | None, wait_for_ready: bool, session_id: str | None, token: str | None
+    ) -> None:
         self.target = target
         self.timeout = timeout
         self.wait_for_ready = wait_for_ready
         self.session_id = session_id
+        self._metadata: tuple[tuple[str, str], ...] = ((SESSION_HEADER, session_id),) if session_id else ()
+        if token:
+            self._metadata += (auth_metadata(token),)
 
     def _call_kwargs(self, timeout: Timeout) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "timeout": self.timeout if timeout is UNSET else timeout,
             "wait_for_ready": self.wait_for_ready,
         }
-        if self.session_id:
-            kwargs["metadata"] = ((SESSION_HEADER, self.session_id),)
+        if self._metadata:
+            kwargs["metadata"] = self._metadata
         return kwargs
 
 
@@ -262,7 +268,8 @@ class HyserveClient(_ClientBase):
     `timeout` is the default deadline in seconds of every call (None = none); `wait_for_ready`
     makes calls wait for the server to come up instead of failing with UNAVAILABLE; `credentials`
     selects TLS (default: plaintext); `options` override the channel arguments of channel_options();
-    `session_id` is sent as `x-session-id` metadata on every call, for a balancer's affinity.
+    `session_id` is sent as `x-session-id` metadata on every call, for a balancer's affinity;
+    `token` as `authorization: Bearer TOKEN` (servers run with --auth-token-file; see `security`).
     """
 
     def __init__(
@@ -275,8 +282,9 @@ class HyserveClient(_ClientBase):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         options: Sequence[tuple[str, Any]] = (),
         session_id: str | None = None,
+        token: str | None = None,
     ) -> None:
-        super().__init__(target, timeout, wait_for_ready, session_id)
+        super().__init__(target, timeout, wait_for_ready, session_id, token)
         opts = channel_options(max_message_bytes=max_message_bytes, extra=options)
         if credentials is None:
             self._channel = grpc.insecure_channel(target, options=opts)
@@ -373,8 +381,9 @@ class AsyncHyserveClient(_ClientBase):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         options: Sequence[tuple[str, Any]] = (),
         session_id: str | None = None,
+        token: str | None = None,
     ) -> None:
-        super().__init__(target, timeout, wait_for_ready, session_id)
+        super().__init__(target, timeout, wait_for_ready, session_id, token)
         opts = channel_options(max_message_bytes=max_message_bytes, extra=options)
         if credentials is None:
             self._channel = grpc.aio.insecure_channel(target, options=opts)

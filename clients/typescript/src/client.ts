@@ -5,7 +5,7 @@
 // task and only that one (so does leaving a `for await` loop early). Every failure is thrown as
 // HyserveError carrying the gRPC status code.
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 
 import {
@@ -79,14 +79,31 @@ function callOptions(options: CallOptions = {}) {
   };
 }
 
+export interface ClientOptions {
+  /** Sent as `authorization: Bearer <token>` on every call (servers run with --auth-token-file). */
+  token?: string;
+  /** PEM CA that verifies the server's certificate (TLS; implies https). Default: Node's roots. */
+  ca?: string | Buffer;
+}
+
+function bearer(token: string): Interceptor {
+  return (next) => (req) => {
+    req.header.set("authorization", `Bearer ${token}`);
+    return next(req);
+  };
+}
+
 export class HyserveClient {
   /** The generated Connect client, for what this wrapper does not cover. */
   readonly raw: Client<typeof HyserveService>;
 
-  /** target: "host:port" or "http://host:port" (plaintext gRPC). */
-  constructor(target: string) {
-    const baseUrl = target.includes("://") ? target : `http://${target}`;
-    this.raw = createClient(HyserveService, createGrpcTransport({ baseUrl }));
+  /** target: "host:port" or "http://host:port" (plaintext gRPC), "https://host:port" (TLS). */
+  constructor(target: string, options: ClientOptions = {}) {
+    const scheme = options.ca !== undefined ? "https" : "http";
+    const baseUrl = target.includes("://") ? target : `${scheme}://${target}`;
+    const interceptors = options.token ? [bearer(options.token)] : [];
+    const nodeOptions = options.ca !== undefined ? { ca: options.ca } : undefined;
+    this.raw = createClient(HyserveService, createGrpcTransport({ baseUrl, interceptors, nodeOptions }));
   }
 
   /** Runs one task and yields its events: one Accepted, Deltas, one Finished. */

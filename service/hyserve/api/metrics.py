@@ -12,12 +12,16 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hyserve.engine.engine import EngineStats, SlotState
+
+if TYPE_CHECKING:
+    from hyserve.api.security import Security
 
 __all__ = ["ROUTER_GAUGES", "ReplicaIdentity", "StatsCollector", "prompt_cache_hit_ratio", "serve_metrics"]
 
@@ -130,10 +134,20 @@ class StatsCollector(Collector):
 
 
 def serve_metrics(
-    stats: Callable[[], EngineStats], n_ctx: int, host: str, port: int, identity: ReplicaIdentity | None = None
+    stats: Callable[[], EngineStats],
+    n_ctx: int,
+    host: str,
+    port: int,
+    identity: ReplicaIdentity | None = None,
+    security: Security | None = None,
 ) -> int:
-    """Start the HTTP endpoint on a daemon thread; returns the bound port (port 0: any free one)."""
+    """Start the HTTP endpoint on a daemon thread; returns the bound port (port 0: any free one).
+    With `security` using TLS or tokens, the endpoint asks for the same (see `http_auth`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(stats, n_ctx, identity))
+    if security is not None and (security.tls is not None or security.store is not None):
+        from hyserve.api.http_auth import serve_wsgi
+
+        return serve_wsgi(registry, host, port, security.store, security.ssl_context())
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return int(server.server_address[1])

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,9 +36,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
+from hyserve.api.security import Security, SecurityConfig, add_security_arguments
 from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime, model_info
+from hyserve.api.tls import is_loopback
 from hyserve.api.validation import RequestLimits
 from hyserve.model.backend.select import add_device_arguments
+from hyserve.operator_errors import OperatorError, is_operator_error, model_path_error
 
 log = structlog.get_logger(__name__)
 
@@ -83,6 +86,8 @@ class ServeConfig:
     device: str = "cpu"
     gpu_backend: str | None = None
     gpu_adapter: str | None = None
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    debug: bool = False  # tracebacks for operator errors
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -109,6 +114,8 @@ class ServeConfig:
             device=args.device,
             gpu_backend=args.gpu_backend,
             gpu_adapter=args.gpu_adapter,
+            security=SecurityConfig.from_args(args),
+            debug=getattr(args, "debug", False),
         )
 
 
@@ -154,12 +161,16 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         help="sliding-window layers: full cache (resume anywhere) or ring buffer + window checkpoints (less memory)",
     )
     add_device_arguments(p)
+    add_security_arguments(p)
     p.set_defaults(func=run_serve)
     return p
 
 
 def run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig.from_args(args)
+    problem = model_path_error(config.model)
+    if problem is not None:  # before listening: a wrong path is not worth a health-checked start
+        raise OperatorError(problem)
     for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk"):
         if getattr(config, name) < 1:
             raise SystemExit(f"hyserve serve: --{name.replace('_', '-')} must be >= 1")
@@ -167,10 +178,16 @@ def run_serve(args: argparse.Namespace) -> int:
         if getattr(config, name) < 0:
             flag = name.removesuffix("_mib").replace("_", "-")
             raise SystemExit(f"hyserve serve: --{flag} must be >= 0")
+    security = Security.build(config.security)  # SecurityError: one line from the CLI
+    refusal = security.bind_refusal(config.host)
+    if refusal is not None:
+        raise OperatorError(refusal)
+    if not is_loopback(config.host) and not security.authenticated:
+        log.warning("listening_without_authentication", host=config.host, **security.log_fields())
     # The engine thread drops and retakes the GIL around every kernel call (~170 per token); with
     # the default 5 ms switch interval it can wait that long behind the asyncio thread each time.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    return asyncio.run(serve(config))
+    return asyncio.run(serve(config, security))
 
 
 GIL_SWITCH_INTERVAL_S = 0.0002
@@ -244,9 +261,10 @@ def load_runtime(config: ServeConfig) -> Runtime:
     )
 
 
-async def serve(config: ServeConfig) -> int:
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    servicer = HyserveServicer()
+async def serve(config: ServeConfig, security: Security | None = None) -> int:
+    security = security or Security.build(config.security)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=security.interceptors())
+    servicer = HyserveServicer(security)
     pb_grpc.add_HyserveServiceServicer_to_server(servicer, server)
     health = health_module.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -254,17 +272,20 @@ async def serve(config: ServeConfig) -> int:
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{config.host}:{config.port}"
-    port = server.add_insecure_port(address)
+    try:
+        port = security.add_port(server, address)
+    except RuntimeError:  # grpc raises where it used to return 0 (address in use, no such address)
+        port = 0
     if port == 0:
-        log.error("listen_failed", address=address)
+        log.error("listen_failed", address=address, hint="is the port in use or the address not on this host?")
         return 1
     await server.start()
-    log.info("server_listening", host=config.host, port=port)
+    log.info("server_listening", host=config.host, port=port, **security.log_fields())
     http = None
     if config.http_port is not None:  # same loop and engine; answers 503 until the model is loaded
         from hyserve.api.openai_http.app import OpenAIFront
 
-        http = OpenAIFront()
+        http = OpenAIFront(security)
         log.info("http_listening", host=config.host, port=await http.start(config.host, config.http_port))
 
     stop = asyncio.Event()
@@ -279,8 +300,11 @@ async def serve(config: ServeConfig) -> int:
     if loading.done():
         try:
             runtime = loading.result()
-        except Exception:
-            log.exception("model_load_failed", model=config.model)
+        except Exception as exc:
+            if config.debug or not is_operator_error(exc):
+                log.exception("model_load_failed", model=config.model)
+            else:  # the operator's mistake: one line, no traceback (--debug shows it)
+                log.error("model_load_failed", model=config.model, error=str(exc))
             stopping.cancel()
             await health.enter_graceful_shutdown()
             await server.stop(grace=1.0)
@@ -293,7 +317,7 @@ async def serve(config: ServeConfig) -> int:
 
             identity = ReplicaIdentity.of(config.replica_id, model_info(runtime).model_name, config.parallel)
             metrics_port = serve_metrics(
-                runtime.engine.stats, config.ctx_size, config.host, config.metrics_port, identity
+                runtime.engine.stats, config.ctx_size, config.host, config.metrics_port, identity, security
             )
             log.info("metrics_listening", host=config.host, port=metrics_port, replica=identity.replica)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)

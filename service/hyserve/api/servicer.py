@@ -20,6 +20,8 @@ import structlog
 import hyserve
 from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
+from hyserve.api.ownership import may_see
+from hyserve.api.security import Security
 from hyserve.api.tasks import SESSION_HEADER, TaskRun
 from hyserve.api.validation import RequestLimits, ValidationError, prepare_generate
 from hyserve.engine.cache_plan import CheckpointKind
@@ -109,8 +111,9 @@ def memory_kind(arch: Architecture) -> int:
 
 
 class HyserveServicer(pb_grpc.HyserveServiceServicer):
-    def __init__(self) -> None:
+    def __init__(self, security: Security | None = None) -> None:
         self.runtime: Runtime | None = None  # set by the server once the model is loaded and warm
+        self.security = security or Security()  # who calls, and which tasks are theirs (ownership.py)
 
     async def _ready(self, context: grpc.aio.ServicerContext) -> Runtime:
         runtime = self.runtime
@@ -145,6 +148,8 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
                 details += "; retry later"
             log.info("generate_rejected", task_id=run.task.id, code=code.name, reason=details)
             await context.abort(code, details)
+        owners = self.security.owners
+        owners.claim(run.task.id, self.security.identity.of_grpc(context).owner)
 
         try:
             async for event in run.events():
@@ -154,6 +159,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         finally:
             # the call ended before the task did (client cancel, deadline, shutdown): cancel it
             run.close()
+            owners.release(run.task.id)
 
     @staticmethod
     def _event_to_proto(event: Event, model: LoadedModel) -> pb.GenerateResponse:
@@ -210,8 +216,12 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         runtime = await self._ready(context)
         if not request.task_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id: must not be empty")
-        outcome = runtime.engine.cancel(request.task_id, CancelSource.RPC)
-        log.info("cancel", task_id=request.task_id, outcome=outcome.value)
+        caller = self.security.identity.of_grpc(context)
+        if may_see(self.security.owners.owner_of(request.task_id), caller):
+            outcome = runtime.engine.cancel(request.task_id, CancelSource.RPC)
+        else:  # another owner's task answers exactly as an unknown id: no oracle for which ids exist
+            outcome = CancelOutcome.NOT_FOUND
+        log.info("cancel", task_id=request.task_id, outcome=outcome.value, caller=caller.owner)
         if outcome is CancelOutcome.NOT_FOUND:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id!r} is known to this server")
         status = pb.CANCEL_STATUS_CANCELLED if outcome is CancelOutcome.CANCELLED else pb.CANCEL_STATUS_ALREADY_FINISHED
@@ -225,12 +235,14 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         runtime = await self._ready(context)
         stats = runtime.engine.stats()
         c = stats.counters
+        caller = self.security.identity.of_grpc(context)
+        owner_of = self.security.owners.owner_of
         return pb.CacheStatsResponse(
             slots=[
                 pb.SlotStats(
                     index=s.index,
                     state=_SLOT_STATE[s.state],
-                    task_id=s.task_id,
+                    task_id=s.task_id if may_see(owner_of(s.task_id), caller) else "",  # others: busy, no id
                     cached_tokens=s.cached_tokens,
                     checkpoints=[
                         pb.CheckpointInfo(
@@ -280,7 +292,7 @@ def model_info(runtime: Runtime) -> pb.ModelInfoResponse:
     eos = [tok.eos_id] if tok.eos_id is not None else []
     eos += sorted(t for t in tok.eog_ids if t != tok.eos_id)
     info = pb.ModelInfoResponse(
-        model_path=str(model.path),
+        model_path=model.path.name,  # the file name only: the server's directories are nobody's business
         model_name=name if isinstance(name, str) and name else model.path.name,
         architecture=str(model.gguf.architecture),
         vocab_size=tok.vocab_size,

@@ -179,6 +179,8 @@ class GGUFFile:
     @classmethod
     def open(cls, path: str | Path) -> GGUFFile:
         path = Path(path)
+        if path.is_dir():
+            raise GGUFError(f"{path}: is a directory, not a GGUF file")
         if not path.is_file():
             raise GGUFError(f"{path}: no such file")
         if path.stat().st_size < 24:

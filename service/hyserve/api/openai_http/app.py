@@ -19,6 +19,8 @@ from typing import Any, Literal
 import structlog
 from aiohttp import web
 
+from hyserve.api.auth import bearer_token
+from hyserve.api.http_auth import aiohttp_auth_middleware
 from hyserve.api.openai_http.requests import OpenAIError, OpenAIRequest, parse_chat, parse_completion, validation_param
 from hyserve.api.openai_http.responses import (
     Completion,
@@ -30,6 +32,7 @@ from hyserve.api.openai_http.responses import (
     logprobs_json,
     usage_json,
 )
+from hyserve.api.security import Security
 from hyserve.api.servicer import Runtime, model_info
 from hyserve.api.tasks import SESSION_HEADER, TaskRun
 from hyserve.api.validation import PreparedRequest, ValidationError, prepare_generate
@@ -68,7 +71,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 class OpenAIFront:
     """Owns the aiohttp runner. `runtime` is set once the model is loaded; `draining` at shutdown."""
 
-    def __init__(self) -> None:
+    def __init__(self, security: Security | None = None) -> None:
+        self.security = security or Security()
         self.runtime: Runtime | None = None
         self.draining = False
         self._model_name = ""
@@ -76,7 +80,11 @@ class OpenAIFront:
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
+        middlewares: list[Any] = [_errors]
+        if self.security.store is not None:  # /health stays open for probes unless protected
+            open_paths = frozenset() if self.security.config.protect_health else frozenset({"/health"})
+            middlewares.insert(0, aiohttp_auth_middleware(self.security.store, open_paths))
+        app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
@@ -88,7 +96,7 @@ class OpenAIFront:
         """Listen on host:port (0: any free port); returns the port."""
         runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, ssl_context=self.security.ssl_context()).start()
         self._runner = runner
         return int(runner.addresses[0][1])
 
@@ -168,6 +176,11 @@ class OpenAIFront:
         runtime = self._ready()
         parsed, prepared = await self._prepare(request, kind, runtime)
         run = TaskRun(runtime.engine, prepared, request.headers.get(SESSION_HEADER, ""))
+        caller = self.security.identity.of_http(
+            bearer_token(request.headers.get("Authorization")),
+            request.transport.get_extra_info("peercert") if request.transport else None,
+            request.remote,
+        )
         try:
             run.submit()
         except QueueFullError as exc:
@@ -176,6 +189,7 @@ class OpenAIFront:
             raise OpenAIError(str(exc), status=503, type_="service_unavailable") from exc
         except DuplicateTaskError as exc:
             raise OpenAIError(str(exc), status=409) from exc
+        self.security.owners.claim(run.task.id, caller.owner)
         log.info("http_generate", task_id=run.task.id, kind=kind, stream=parsed.stream)
         reply = _Reply(run.task.id, int(time.time()), self._model(runtime), kind, parsed, prepared, runtime)
         try:
@@ -187,6 +201,7 @@ class OpenAIFront:
             return web.Response(status=499)
         finally:
             run.close()  # the client went away (handler cancelled) or the stream failed: this task only
+            self.security.owners.release(run.task.id)
 
 
 class _Reply:

@@ -2402,7 +2402,7 @@ func (*ModelInfoRequest) Descriptor() ([]byte, []int) {
 // ModelInfoResponse describes the loaded model and the server.
 type ModelInfoResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Path of the GGUF file the server loaded.
+	// File name of the GGUF file the server loaded (not its directory).
 	ModelPath string `protobuf:"bytes,1,opt,name=model_path,json=modelPath,proto3" json:"model_path,omitempty"`
 	// Model name from the GGUF metadata (general.name), or the file name when absent.
 	ModelName string `protobuf:"bytes,2,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`

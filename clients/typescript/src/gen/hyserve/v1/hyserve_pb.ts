@@ -1173,7 +1173,7 @@ export const ModelInfoRequestSchema: GenMessage<ModelInfoRequest> = /*@__PURE__*
  */
 export type ModelInfoResponse = Message<"hyserve.v1.ModelInfoResponse"> & {
   /**
-   * Path of the GGUF file the server loaded.
+   * File name of the GGUF file the server loaded (not its directory).
    *
    * @generated from field: string model_path = 1;
    */
