@@ -1,6 +1,7 @@
 """GPU path vs CPU path, teacher-forced: mean KL(CPU || GPU), top-1 agreement (raw, and up to
 near-ties of the CPU's logits) and bit-identity, on the fixtures of tests/test_gpu_models.py and
-on Gemma 3 270M. Prints a Markdown table and writes bench/results/gpu_agreement.json.
+tests/test_gpu_hybrid_models.py and on Gemma 3 270M. Prints a Markdown table and writes
+bench/results/gpu_agreement.json.
 
     python bench/gpu_agreement.py [--adapter NAME]
 """
@@ -19,6 +20,7 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path.insert(0, str(TESTS))
 
 from fixtures import make_models  # noqa: E402
+from test_gpu_hybrid_models import CASES as HYBRID_CASES  # noqa: E402
 from test_gpu_models import CASES, TEXT  # noqa: E402
 
 from hyserve.model.architectures.base import Logits, Segment  # noqa: E402
@@ -53,14 +55,11 @@ def main() -> None:
     gpu = open_backend("gpu", gpu_adapter=args.adapter)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for arch, qtype, kw in CASES:
-            path = make_models.write_model(Path(tmp) / f"{arch}-{qtype}.gguf", arch, qtype=qtype, **kw)
+        for i, (arch, qtype, kw) in enumerate(CASES + HYBRID_CASES):
+            path = make_models.write_model(Path(tmp) / f"{i}-{arch}-{qtype}.gguf", arch, qtype=qtype, **kw)
             cpu = load_model(path)
-            rows.append(
-                compare(
-                    f"{arch} {qtype}", cpu, ARCHITECTURES[arch](GGUFFile.open(path), gpu), cpu.tokenizer.encode(TEXT)
-                )
-            )
+            name = f"{arch} {qtype}" + (f" {kw}" if i >= len(CASES) and kw else "")
+            rows.append(compare(name, cpu, ARCHITECTURES[arch](GGUFFile.open(path), gpu), cpu.tokenizer.encode(TEXT)))
     gemma = load_model("default")
     gemma_gpu = ARCHITECTURES["gemma3"](gemma.gguf, gpu)
     for text in GEMMA_PROMPTS:

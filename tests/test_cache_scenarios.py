@@ -93,7 +93,7 @@ def chat(n_turns: int, *, system: str = SYSTEM, users: Sequence[str] = USERS) ->
 
 
 # "-gpu": the same server on the wgpu device (a software adapter where no GPU exists)
-KINDS = ["qwen35", "mamba2", "llama", "gemma3", "gemma3-ring", "llama-gpu"]
+KINDS = ["qwen35", "mamba2", "llama", "gemma3", "gemma3-ring", "llama-gpu", "qwen35-gpu"]
 
 
 @pytest.fixture(scope="module", params=KINDS)

@@ -180,6 +180,13 @@ def gpu_rig(attention_model_path: Path) -> Iterator[Rig]:
     yield from _rig(attention_model_path, 2, checkpoints_kept=1, device="gpu")
 
 
+@pytest.fixture(scope="module")
+def hybrid_gpu_rig(model_path: Path) -> Iterator[Rig]:
+    """The hybrid (recurrent + attention) engine on the wgpu device: states, checkpoints and
+    replays on the device."""
+    yield from _rig(model_path, 2, device="gpu")
+
+
 # --- request generation --------------------------------------------------------------------------
 
 tokens_st = st.lists(st.integers(VOCAB_LO, VOCAB_HI), min_size=1, max_size=40)
@@ -259,6 +266,7 @@ def fresh_state(rig: Rig, tokens: Sequence[int]) -> SequenceMemory:
 
 
 def same_states(a: Snapshot, b: Snapshot) -> bool:
+    """Host snapshots (`snapshot(host=True)`: a GPU memory's own are device tensors) hold the same bits."""
     return a.n_tokens == b.n_tokens and all(
         np.array_equal(a.states[il][0], b.states[il][0]) and np.array_equal(a.states[il][1], b.states[il][1])
         for il in a.states
@@ -271,21 +279,22 @@ def check_memory_invariants(rig: Rig) -> None:
     for slot in engine.slots:
         assert slot.run is None and len(slot.tokens) == slot.memory.n_tokens  # I1 bookkeeping
         fresh = fresh_state(rig, slot.tokens)
-        assert same_states(slot.memory.snapshot(), fresh.snapshot()), "slot memory != fresh evaluation (I1)"
+        assert same_states(slot.memory.snapshot(host=True), fresh.snapshot(host=True)), "slot != fresh evaluation (I1)"
         for il, cache in slot.memory.kv.items():
             n = slot.memory.n_tokens
             (k, v), (fresh_k, fresh_v) = cache.host_copy(n), fresh.kv[il].host_copy(n)
             assert np.array_equal(k, fresh_k) and np.array_equal(v, fresh_v)
         for cp in slot.checkpoints:  # I2 + I3: a complete state of a prefix of T
             assert cp.position <= len(slot.tokens)
-            assert same_states(cp.snapshot, fresh_state(rig, slot.tokens[: cp.position]).snapshot())
+            expected = fresh_state(rig, slot.tokens[: cp.position]).snapshot(host=True)
+            assert same_states(slot.memory.host_snapshot(cp.snapshot), expected)
         check_replays(rig, slot.tokens, slot.checkpoints, slot.log)
     for entry in list(engine.store._entries.values()):
         assert entry.image.n_tokens == len(entry.tokens)
-        assert same_states(entry.image.live, fresh_state(rig, entry.tokens).snapshot())
+        assert same_states(entry.image.live, fresh_state(rig, entry.tokens).snapshot(host=True))
         for cp in entry.checkpoints:
             assert cp.position <= len(entry.tokens)
-            assert same_states(cp.snapshot, fresh_state(rig, entry.tokens[: cp.position]).snapshot())
+            assert same_states(cp.snapshot, fresh_state(rig, entry.tokens[: cp.position]).snapshot(host=True))
         check_replays(rig, list(entry.tokens), entry.checkpoints, entry.log)
 
 
@@ -298,7 +307,8 @@ def check_replays(rig: Rig, tokens: list[int], checkpoints: CheckpointList, log:
     for base, _, last in replay_reach(view):
         memory = fresh_state(rig, tokens[:base])  # what the checkpoint at base holds (checked above)
         rig.model.arch.replay(memory, log.rows(base, last))
-        assert same_states(memory.snapshot(), fresh_state(rig, tokens[:last]).snapshot()), "replay != fresh (I1)"
+        replayed, fresh = memory.snapshot(host=True), fresh_state(rig, tokens[:last]).snapshot(host=True)
+        assert same_states(replayed, fresh), "replay != fresh (I1)"
 
 
 # --- the properties ------------------------------------------------------------------------------
@@ -334,6 +344,12 @@ def test_cache_is_transparent_on_attention_only_memory(attention_rig: Rig, data:
 def test_cache_is_transparent_on_the_gpu(gpu_rig: Rig, data: st.DataObject) -> None:
     """Fewer examples: the software adapter is slow, and the engine logic is the CPU runs' own."""
     run_example(gpu_rig, data)
+
+
+@settings(SETTINGS, max_examples=EXAMPLES // 8)
+@given(data=st.data())
+def test_cache_is_transparent_on_the_gpu_with_recurrent_memory(hybrid_gpu_rig: Rig, data: st.DataObject) -> None:
+    run_example(hybrid_gpu_rig, data)
 
 
 def test_the_runs_exercised_the_cache(rig1: Rig, rig2: Rig, attention_rig: Rig) -> None:

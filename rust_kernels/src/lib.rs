@@ -7,6 +7,7 @@ pub mod attention;
 pub mod cancel;
 pub mod gpu;
 mod gpu_py;
+mod gpu_recurrent_py;
 pub mod matmul;
 pub mod moe;
 mod moe_py;
@@ -734,5 +735,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // the GPU path (wgpu)
     gpu_py::register(m)?;
     unary_py::register(m)?;
+    gpu_recurrent_py::register(m)?;
     Ok(())
 }

@@ -13,6 +13,7 @@
 
 pub mod device;
 pub mod ops;
+pub mod recurrent;
 pub mod weights;
 
 pub use device::{AdapterChoice, Gpu, GpuBuffer};

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -29,6 +29,10 @@ class Checkpoint:
     @property
     def nbytes(self) -> int:
         return self.snapshot.nbytes + (self.logits.nbytes if self.logits is not None else 0)
+
+    def with_snapshot(self, snapshot: Snapshot) -> Checkpoint:
+        """This checkpoint with another copy of the same state (itself when it is the same)."""
+        return self if snapshot is self.snapshot else replace(self, snapshot=snapshot)
 
     def view(self) -> CheckpointView:
         return CheckpointView(self.position, self.logits is not None)
@@ -72,6 +76,11 @@ class CheckpointList:
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self._items)
+
+    @property
+    def device_nbytes(self) -> int:
+        """The part of `nbytes` on a GPU device."""
+        return sum(c.snapshot.device_nbytes for c in self._items)
 
     def clear(self) -> list[Checkpoint]:
         dropped, self._items = self._items, []

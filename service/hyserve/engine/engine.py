@@ -675,7 +675,8 @@ class Engine:
         entry = StoredSequence(
             tuple(slot.tokens),
             slot.memory.export(),
-            CheckpointList(list(slot.checkpoints)),
+            # host copies: a GPU slot's checkpoints hold device states
+            CheckpointList([cp.with_snapshot(slot.memory.host_snapshot(cp.snapshot)) for cp in slot.checkpoints]),
             0 if slot.memory.truncatable else len(slot.tokens),  # the image keeps only the end's state
             slot.log.up_to(len(slot.tokens)),
         )
@@ -928,7 +929,8 @@ class Engine:
 
     def _memory(self) -> MemoryUsage:
         host = self.store.bytes + sum(s.memory.host_bytes + s.checkpoints.nbytes + s.log.nbytes for s in self.slots)
-        return MemoryUsage(sum(s.memory.device_bytes for s in self.slots), host)
+        device = sum(s.memory.device_bytes + s.checkpoints.device_nbytes for s in self.slots)
+        return MemoryUsage(device, host - sum(s.checkpoints.device_nbytes for s in self.slots))
 
     def _publish(self) -> None:
         snapshot = self._take_snapshot()

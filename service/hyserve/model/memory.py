@@ -9,6 +9,7 @@ describes exactly `n_tokens` tokens, so it can only be reset, or replaced by a s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -103,7 +104,10 @@ class WindowCache:
 
 
 class RecurrentState:
-    """One recurrent layer's state: the last K-1 raw conv inputs and the SSM/delta state (f32)."""
+    """One recurrent layer's state: the last K-1 raw conv inputs and the SSM/delta state (f32), in
+    host memory (`GpuRecurrentState`: the same on a GPU device)."""
+
+    on_device = False
 
     def __init__(self, conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...]) -> None:
         self.conv = np.zeros(conv_shape, dtype=np.float32)
@@ -117,6 +121,19 @@ class RecurrentState:
     def nbytes(self) -> int:
         return self.conv.nbytes + self.ssm.nbytes
 
+    def copies(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.conv.copy(), self.ssm.copy()
+
+    def host_copies(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.copies()
+
+    def put(self, conv: np.ndarray, ssm: np.ndarray) -> None:
+        self.conv[...] = conv
+        self.ssm[...] = ssm
+
+    def to_host(self, conv: np.ndarray, ssm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return conv, ssm
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -124,7 +141,7 @@ class Snapshot:
     states, and for ring-buffer window layers the keys/values a next token can see."""
 
     n_tokens: int
-    states: dict[int, tuple[np.ndarray, np.ndarray]]
+    states: dict[int, tuple[Any, Any]]  # numpy arrays, or device tensors of a GPU memory
     windows: dict[int, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @property
@@ -132,6 +149,11 @@ class Snapshot:
         return sum(c.nbytes + s.nbytes for c, s in self.states.values()) + sum(
             k.nbytes + v.nbytes for _, k, v in self.windows.values()
         )
+
+    @property
+    def device_nbytes(self) -> int:
+        """The part of `nbytes` on a GPU device (the states of a GPU memory's checkpoints)."""
+        return sum(c.nbytes + s.nbytes for c, s in self.states.values() if not isinstance(c, np.ndarray))
 
 
 @dataclass(frozen=True)
@@ -153,7 +175,7 @@ class SequenceMemory:
     ) -> None:
         self.n_ctx = n_ctx
         self.kv = kv
-        self.recurrent = recurrent or {}
+        self.recurrent: dict[int, Any] = recurrent or {}  # RecurrentState or GpuRecurrentState
         self.n_tokens = 0
         self.ring_valid_from = 0  # ring layers hold correct entries for positions >= this (up to n_tokens)
 
@@ -200,13 +222,14 @@ class SequenceMemory:
     @property
     def device_bytes(self) -> int:
         """Bytes of this memory allocated on a GPU device."""
-        return sum(c.nbytes for c in self.kv.values() if c.on_device)
+        kv = sum(c.nbytes for c in self.kv.values() if c.on_device)
+        return kv + sum(st.nbytes for st in self.recurrent.values() if st.on_device)
 
     @property
     def host_bytes(self) -> int:
         """Bytes of this memory allocated in host memory (KV caches on the CPU, recurrent states)."""
         kv = sum(c.nbytes for c in self.kv.values() if not c.on_device)
-        return kv + sum(st.nbytes for st in self.recurrent.values())
+        return kv + sum(st.nbytes for st in self.recurrent.values() if not st.on_device)
 
     @property
     def has_attention(self) -> bool:
@@ -216,7 +239,7 @@ class SequenceMemory:
         """A copy of everything this memory holds (KV entries up to n_tokens + the recurrent state)."""
         n = self.n_tokens
         kv = {il: c.host_copy(n) for il, c in self.kv.items() if not isinstance(c, WindowCache)}
-        return MemoryImage(n, kv, self.snapshot())
+        return MemoryImage(n, kv, self.snapshot(host=True))
 
     def load(self, image: MemoryImage, n: int, snap: Snapshot | None = None) -> None:
         """Become the memory after the first n tokens of `image`: its KV entries up to n, and the
@@ -239,10 +262,19 @@ class SequenceMemory:
         for il, (k, v) in image.kv.items():
             self.kv[il].write(start, k[start:end], v[start:end])
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, host: bool = False) -> Snapshot:
+        """The recurrent states (copies where they live: device-to-device for a GPU memory, or
+        host copies with `host`) and the ring windows."""
         n = self.n_tokens
-        states = {il: (st.conv.copy(), st.ssm.copy()) for il, st in self.recurrent.items()}
+        states = {il: st.host_copies() if host else st.copies() for il, st in self.recurrent.items()}
         return Snapshot(n, states, {il: ring.window_copy(n) for il, ring in self.rings.items()})
+
+    def host_snapshot(self, snap: Snapshot) -> Snapshot:
+        """`snap` with its states in host memory (for the prefix store); `snap` itself if they are."""
+        if not snap.device_nbytes:
+            return snap
+        states = {il: self.recurrent[il].to_host(c, s) for il, (c, s) in snap.states.items()}
+        return Snapshot(snap.n_tokens, states, snap.windows)
 
     def restore(self, snap: Snapshot) -> None:
         """Put back the recurrent state after `snap.n_tokens` tokens; the KV cache is truncated to it
@@ -254,8 +286,7 @@ class SequenceMemory:
 
     def _put_states(self, snap: Snapshot) -> None:
         for il, (conv, ssm) in snap.states.items():
-            self.recurrent[il].conv[...] = conv
-            self.recurrent[il].ssm[...] = ssm
+            self.recurrent[il].put(conv, ssm)
         rings = self.rings
         for il, (base, k, v) in snap.windows.items():
             rings[il].write(base, k, v)

@@ -89,9 +89,12 @@ class Architecture(ABC):
         for il in parts[0]:
             if il in memory.recurrent:
                 width = len(parts[0][il])
-                rows = tuple(np.ascontiguousarray(np.concatenate([p[il][j] for p in parts])) for j in range(width))
+                rows = tuple(
+                    self.ops.vector(np.ascontiguousarray(np.concatenate([p[il][j] for p in parts])))
+                    for j in range(width)
+                )
                 st = memory.recurrent[il]
-                new_conv, new_ssm = np.empty_like(st.conv), np.empty_like(st.ssm)
+                new_conv, new_ssm = self.ops.empty(tuple(st.conv.shape)), self.ops.empty(tuple(st.ssm.shape))
                 self._replay_recurrent(il, rows, (st.conv, st.ssm, new_conv, new_ssm))
                 st.conv, st.ssm = new_conv, new_ssm
             else:  # a ring window layer: its keys and values, written where the forward wrote them
@@ -100,6 +103,7 @@ class Architecture(ABC):
                     k, v = p[il]
                     memory.kv[il].write(at, k, v)
                     at += count
+        self.ops.flush()
         memory.n_tokens += n
         memory.note_written(memory.n_tokens)
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from hyserve.model.architectures.base import Segment, logit_rows, split_logits
 from hyserve.model.backend.base import Backend, Matrix, Tensor
+from hyserve.model.backend.cpu import CPU
 from hyserve.model.memory import RecurrentState, SequenceMemory, WindowCache
 
 
@@ -78,12 +79,13 @@ class WorkingStates:
     become the spare buffers of later calls, so a forward neither copies nor allocates states, and
     a call that raises leaves every memory's arrays as they were."""
 
-    def __init__(self) -> None:
+    def __init__(self, ops: Backend = CPU) -> None:
+        self.ops = ops
         # (id(memory), layer) -> (state object, new conv, new ssm)
-        self._new: dict[tuple[int, int], tuple[RecurrentState, np.ndarray, np.ndarray]] = {}
+        self._new: dict[tuple[int, int], tuple[RecurrentState, Tensor, Tensor]] = {}
         self._dropped: list[np.ndarray] = []
 
-    def layer(self, memory: SequenceMemory, il: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def layer(self, memory: SequenceMemory, il: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(conv, ssm, new_conv, new_ssm) for `memory`'s recurrent layer `il`: the states to continue
         from (read only) and the buffers to write the updated ones to."""
         key = (id(memory), il)
@@ -93,15 +95,21 @@ class WorkingStates:
             conv, ssm = st.conv, st.ssm
         else:  # the same memory twice in one call: continue from its first update
             conv, ssm = got[1], got[2]
-            self._dropped += [conv, ssm]
-        new_conv, new_ssm = _spare(conv), _spare(ssm)
+            if isinstance(conv, np.ndarray):
+                self._dropped += [conv, ssm]
+        new_conv, new_ssm = self._spare(conv), self._spare(ssm)
         self._new[key] = (st, new_conv, new_ssm)
         return conv, ssm, new_conv, new_ssm
+
+    def _spare(self, like: Tensor) -> Tensor:
+        # device tensors come from the device's own buffer pool
+        return _spare(like) if isinstance(like, np.ndarray) else self.ops.empty(tuple(like.shape))
 
     def commit(self) -> None:
         spare = self._dropped
         for st, conv, ssm in self._new.values():
-            spare += [st.conv, st.ssm]
+            if isinstance(st.conv, np.ndarray):
+                spare += [st.conv, st.ssm]
             st.conv, st.ssm = conv, ssm
         for a in spare:
             _SPARE.setdefault(_spare_key(a), []).append(a)

@@ -9,6 +9,8 @@ from typing import Protocol
 import hyserve_kernels as hk
 import numpy as np
 
+from hyserve.model.backend.base import Backend, Matrix, Tensor
+from hyserve.model.backend.cpu import CPU
 from hyserve.model.gguf_file import GGUFError
 from hyserve.model.weights import WeightLoader
 
@@ -21,18 +23,23 @@ class Ffn(Protocol):
 class DenseFfn:
     """`W_down · (silu(W_gate · x) ⊙ W_up · x)`."""
 
-    w_gate: hk.QMatrix
-    w_up: hk.QMatrix
-    w_down: hk.QMatrix
+    w_gate: Matrix
+    w_up: Matrix
+    w_down: Matrix
+    ops: Backend = CPU
 
-    def __call__(self, x: np.ndarray, cancel: hk.CancelFlag | None = None) -> np.ndarray:
-        gate, up = hk.matmul_many([self.w_gate, self.w_up], x, cancel)
-        return hk.matmul(self.w_down, hk.swiglu(gate, up), cancel)
+    def __call__(self, x: Tensor, cancel: hk.CancelFlag | None = None) -> Tensor:
+        ops = self.ops
+        gate, up = ops.matmul_many([self.w_gate, self.w_up], x, cancel)
+        return ops.matmul(self.w_down, ops.swiglu(gate, up), cancel)
 
 
 def load_dense(w: WeightLoader, prefix: str) -> DenseFfn:
     return DenseFfn(
-        w.matrix(prefix + "ffn_gate.weight"), w.matrix(prefix + "ffn_up.weight"), w.matrix(prefix + "ffn_down.weight")
+        w.matrix(prefix + "ffn_gate.weight"),
+        w.matrix(prefix + "ffn_up.weight"),
+        w.matrix(prefix + "ffn_down.weight"),
+        w.backend,
     )
 
 

@@ -17,31 +17,36 @@ from hyserve.model.architectures.base import (
     segment_rows,
 )
 from hyserve.model.architectures.common import WorkingStates, advance, output_logits
+from hyserve.model.backend import CPU, Backend
+from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
-from hyserve.model.memory import RecurrentState, SequenceMemory
+from hyserve.model.memory import SequenceMemory
 from hyserve.model.weights import WeightLoader
 
 
 @dataclass
 class _Layer:
-    norm: np.ndarray
-    w_in: hk.QMatrix
-    conv: np.ndarray  # [channels, kernel]
-    conv_bias: np.ndarray
-    dt_bias: np.ndarray
-    a: np.ndarray  # -exp(A_log), per head
-    d: np.ndarray
-    ssm_norm: np.ndarray  # [d_inner] (G groups of d_inner/G)
-    w_out: hk.QMatrix
+    norm: Tensor
+    w_in: Matrix
+    conv: Tensor  # [channels, kernel]
+    conv_bias: Tensor
+    dt_bias: Tensor
+    a: Tensor  # -exp(A_log), per head
+    d: Tensor
+    ssm_norm: Tensor  # [d_inner] (G groups of d_inner/G)
+    w_out: Matrix
 
 
 class Mamba2(Architecture):
     name = "mamba2"
 
-    def __init__(self, gguf: GGUFFile) -> None:
+    has_gpu_path = True
+
+    def __init__(self, gguf: GGUFFile, ops: Backend = CPU) -> None:
         hp = HParams(gguf)
-        w = WeightLoader(gguf)
+        w = WeightLoader(gguf, ops)
+        self.ops = ops
         self.n_embd = hp.int("embedding_length")
         self.n_layer = hp.int("block_count")
         self.eps = hp.float("attention.layer_norm_rms_epsilon", 1e-5)
@@ -65,7 +70,7 @@ class Mamba2(Architecture):
                 _Layer(
                     norm=w.vector(p + "attn_norm.weight", self.n_embd),
                     w_in=w.matrix(p + "ssm_in.weight"),
-                    conv=np.ascontiguousarray(w.vector(p + "ssm_conv1d.weight").reshape(self.channels, self.kernel)),
+                    conv=ops.vector(w.host_vector(p + "ssm_conv1d.weight").reshape(self.channels, self.kernel)),
                     conv_bias=w.vector(p + "ssm_conv1d.bias", self.channels),
                     dt_bias=w.vector(p + "ssm_dt.bias", self.n_heads),
                     a=w.vector(p + "ssm_a", self.n_heads),
@@ -77,55 +82,65 @@ class Mamba2(Architecture):
 
     def new_memory(self, n_ctx: int) -> SequenceMemory:
         conv, ssm = (self.kernel - 1, self.channels), (self.n_heads, self.head_dim, self.d_state)
-        return SequenceMemory(n_ctx, {}, {il: RecurrentState(conv, ssm) for il in range(self.n_layer)})
+        return SequenceMemory(n_ctx, {}, {il: self.ops.recurrent_state(conv, ssm) for il in range(self.n_layer)})
 
-    def _mixer(self, L: _Layer, il: int, x: np.ndarray, segments, spans, states, cancel) -> np.ndarray:
-        rows, di, nh, hd = len(x), self.d_inner, self.n_heads, self.head_dim
-        zxbcdt = hk.matmul(L.w_in, x, cancel)
-        z, xbc, dt = zxbcdt[:, :di], zxbcdt[:, di : di + self.channels], zxbcdt[:, di + self.channels :]
-        y = np.empty((rows, nh, hd), dtype=np.float32)
+    def _mixer(self, L: _Layer, il: int, x: Tensor, segments, spans, states, cancel) -> Tensor:
+        ops, rows, di, nh, hd = self.ops, len(x), self.d_inner, self.n_heads, self.head_dim
+        zxbcdt = ops.matmul(L.w_in, x, cancel)
+        z = ops.columns(zxbcdt, 0, di)
+        xbc = ops.columns(zxbcdt, di, self.channels)
+        dt = ops.columns(zxbcdt, di + self.channels, nh)
+        y = None
         for seg, span in zip(segments, spans):
             if span.stop == span.start:
                 continue
-            inputs = (np.ascontiguousarray(xbc[span]), np.ascontiguousarray(dt[span]))
-            if seg.inputs is not None:  # kept for replays (the arrays are not written to again)
-                seg.inputs[il] = inputs
-            y[span] = self._scan(L, *inputs, *states.layer(seg.memory, il))
-        gated = y.reshape(rows, di) * hk.silu(np.ascontiguousarray(z).reshape(-1)).reshape(rows, di)
-        group = di // self.n_groups
-        normed = hk.rms_norm(np.ascontiguousarray(gated).reshape(-1, group), None, self.eps).reshape(rows, di)
-        return hk.matmul(L.w_out, np.ascontiguousarray(normed * L.ssm_norm), cancel)
+            inputs = (ops.rows(xbc, span.start, span.stop), ops.rows(dt, span.start, span.stop))
+            if seg.inputs is not None:  # kept for replays (host arrays, not written to again)
+                seg.inputs[il] = tuple(ops.to_host(t) for t in inputs)
+            out = self._scan(L, *inputs, *states.layer(seg.memory, il))
+            if span.stop - span.start == rows:
+                y = out
+            else:
+                if y is None:
+                    y = ops.empty((rows, nh, hd))
+                ops.put_rows(y, span.start, out)
+        gated = y.reshape(rows, di)
+        ops.mul_(gated, ops.silu(z))
+        normed = ops.rms_norm_groups(gated, di // self.n_groups, self.eps)
+        ops.mul_row_(normed, L.ssm_norm)
+        return ops.matmul(L.w_out, normed, cancel)
 
     def _scan(
         self,
         L: _Layer,
-        xbc: np.ndarray,
-        dt: np.ndarray,
-        conv_state: np.ndarray,
-        ssm_state: np.ndarray,
-        new_conv: np.ndarray,
-        new_ssm: np.ndarray,
-    ) -> np.ndarray:
+        xbc: Tensor,
+        dt: Tensor,
+        conv_state: Tensor,
+        ssm_state: Tensor,
+        new_conv: Tensor,
+        new_ssm: Tensor,
+    ) -> Tensor:
         """A mixer's recurrent part for one sequence's rows (conv + bias + SiLU, selective scan):
         rows x heads x head_dim outputs; the new states go to new_conv/new_ssm."""
-        t, di, gn = len(xbc), self.d_inner, self.n_groups * self.d_state
-        u = hk.conv1d_causal(xbc, L.conv, conv_state, L.conv_bias, silu=True, new_state=new_conv)
-        xs = np.ascontiguousarray(u[:, :di]).reshape(t, self.n_heads, self.head_dim)
-        b = np.ascontiguousarray(u[:, di : di + gn]).reshape(t, self.n_groups, self.d_state)
-        c = np.ascontiguousarray(u[:, di + gn :]).reshape(t, self.n_groups, self.d_state)
-        return hk.mamba2_scan(xs, dt, L.a, b, c, ssm_state, L.d, L.dt_bias, new_state=new_ssm)
+        ops, di, gn = self.ops, self.d_inner, self.n_groups * self.d_state
+        u = ops.conv1d(xbc, L.conv, conv_state, new_conv, bias=L.conv_bias, silu=True)
+        xs = ops.columns(u, 0, di)
+        b = ops.columns(u, di, gn)
+        c = ops.columns(u, di + gn, gn)
+        return ops.mamba2_scan(xs, dt, L.a, b, c, L.d, L.dt_bias, ssm_state, new_ssm, self.n_heads, self.n_groups)
 
-    def _replay_recurrent(self, il: int, inputs: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]) -> None:
+    def _replay_recurrent(self, il: int, inputs: tuple[Tensor, ...], state: tuple[Tensor, ...]) -> None:
         self._scan(self.layers[il], *inputs, *state)
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
+        ops = self.ops
         tokens, _, spans = segment_rows(segments)
-        states = WorkingStates()
-        h = hk.get_rows(self.token_embd, tokens)
+        states = WorkingStates(ops)
+        h = ops.embed(self.token_embd, ops.ids(tokens))
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
-            x = hk.rms_norm(h, layer.norm, self.eps)
-            h += self._mixer(layer, il, x, segments, spans, states, cancel)
+            x = ops.rms_norm(h, layer.norm, self.eps)
+            ops.add_(h, self._mixer(layer, il, x, segments, spans, states, cancel))
         states.commit()
         advance(segments)
-        return output_logits(self.ops, h, segments, spans, self.output_norm, self.output, self.eps)
+        return output_logits(ops, h, segments, spans, self.output_norm, self.output, self.eps)

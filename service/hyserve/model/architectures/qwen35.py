@@ -12,5 +12,7 @@ from hyserve.model.weights import WeightLoader
 class Qwen35(QwenHybrid):
     name = "qwen35"
 
+    has_gpu_path = True
+
     def _load_ffn(self, w: WeightLoader, p: str) -> Ffn:
         return load_dense(w, p)

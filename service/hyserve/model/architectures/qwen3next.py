@@ -14,56 +14,52 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import hyserve_kernels as hk
-import numpy as np
 
 from hyserve.model.architectures.ffn import Ffn, load_dense, load_moe
 from hyserve.model.architectures.qwen_hybrid import Projections, QwenHybrid
+from hyserve.model.backend.base import Backend, Matrix, Tensor
 from hyserve.model.weights import WeightLoader
 
 
-def _split_ba(ba: np.ndarray, nk: int) -> tuple[np.ndarray, np.ndarray]:
+def _split_ba(ops: Backend, ba: Tensor, nk: int) -> tuple[Tensor, Tensor]:
     rows, r = len(ba), ba.shape[1] // (2 * nk)
-    grouped = ba.reshape(rows, nk, 2 * r)
-    return (
-        np.ascontiguousarray(grouped[:, :, :r]).reshape(rows, nk * r),
-        np.ascontiguousarray(grouped[:, :, r:]).reshape(rows, nk * r),
-    )
+    grouped = ba.reshape(rows * nk, 2 * r)
+    return ops.columns(grouped, 0, r).reshape(rows, nk * r), ops.columns(grouped, r, r).reshape(rows, nk * r)
 
 
 @dataclass
 class FusedBetaAlpha:
-    w_qkv: hk.QMatrix
-    w_gate: hk.QMatrix  # z
-    w_ba: hk.QMatrix
+    w_qkv: Matrix
+    w_gate: Matrix  # z
+    w_ba: Matrix
     nk: int
 
-    def __call__(self, x: np.ndarray, cancel: hk.CancelFlag | None) -> Sequence[np.ndarray]:
-        mixed, z, ba = hk.matmul_many([self.w_qkv, self.w_gate, self.w_ba], x, cancel)
-        return (mixed, z, *_split_ba(ba, self.nk))
+    def __call__(self, ops: Backend, x: Tensor, cancel: hk.CancelFlag | None) -> Sequence[Tensor]:
+        mixed, z, ba = ops.matmul_many([self.w_qkv, self.w_gate, self.w_ba], x, cancel)
+        return (mixed, z, *_split_ba(ops, ba, self.nk))
 
 
 @dataclass
 class LegacyQkvz:
-    w_in: hk.QMatrix  # ssm_in: [q | k | v | z] per key-head group
-    w_ba: hk.QMatrix
+    w_in: Matrix  # ssm_in: [q | k | v | z] per key-head group
+    w_ba: Matrix
     nk: int
     dk: int
     vz: int  # R·dv, the v (and z) width of one key-head group
 
-    def __call__(self, x: np.ndarray, cancel: hk.CancelFlag | None) -> Sequence[np.ndarray]:
-        qkvz, ba = hk.matmul_many([self.w_in, self.w_ba], x, cancel)
+    def __call__(self, ops: Backend, x: Tensor, cancel: hk.CancelFlag | None) -> Sequence[Tensor]:
+        qkvz, ba = ops.matmul_many([self.w_in, self.w_ba], x, cancel)
         rows, dk, vz = len(x), self.dk, self.vz
-        g = qkvz.reshape(rows, self.nk, 2 * dk + 2 * vz)
-        mixed = np.concatenate(
+        g = qkvz.reshape(rows * self.nk, 2 * dk + 2 * vz)
+        mixed = ops.concat_columns(
             [
-                g[:, :, :dk].reshape(rows, -1),
-                g[:, :, dk : 2 * dk].reshape(rows, -1),
-                g[:, :, 2 * dk : 2 * dk + vz].reshape(rows, -1),
-            ],
-            axis=1,
+                ops.columns(g, 0, dk).reshape(rows, -1),
+                ops.columns(g, dk, dk).reshape(rows, -1),
+                ops.columns(g, 2 * dk, vz).reshape(rows, -1),
+            ]
         )
-        z = np.ascontiguousarray(g[:, :, 2 * dk + vz :]).reshape(rows, -1)
-        return (mixed, z, *_split_ba(ba, self.nk))
+        z = ops.columns(g, 2 * dk + vz, vz).reshape(rows, -1)
+        return (mixed, z, *_split_ba(ops, ba, self.nk))
 
 
 class Qwen3Next(QwenHybrid):

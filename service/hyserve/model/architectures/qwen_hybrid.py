@@ -20,24 +20,28 @@ import numpy as np
 from hyserve.model.architectures.base import Architecture, Segment, check_cancel, segment_rows
 from hyserve.model.architectures.common import WorkingStates, advance, attend, output_logits
 from hyserve.model.architectures.ffn import Ffn
+from hyserve.model.backend import CPU, Backend
+from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 from hyserve.model.hparams import HParams
-from hyserve.model.memory import KVCache, RecurrentState, SequenceMemory
+from hyserve.model.memory import SequenceMemory
 from hyserve.model.weights import WeightLoader
+
+__all__ = ["QwenHybrid", "imrope_still_pairs"]
 
 
 @dataclass
 class GatedAttention:
-    wq: hk.QMatrix  # query and output gate interleaved per head: [q_h | gate_h]
-    wk: hk.QMatrix
-    wv: hk.QMatrix
-    q_norm: np.ndarray
-    k_norm: np.ndarray
-    wo: hk.QMatrix
+    wq: Matrix  # query and output gate interleaved per head: [q_h | gate_h]
+    wk: Matrix
+    wv: Matrix
+    q_norm: Tensor
+    k_norm: Tensor
+    wo: Matrix
 
 
 class Projections(Protocol):
-    def __call__(self, x: np.ndarray, cancel: hk.CancelFlag | None) -> Sequence[np.ndarray]:
+    def __call__(self, ops: Backend, x: Tensor, cancel: hk.CancelFlag | None) -> Sequence[Tensor]:
         """mixed (conv input), z, b (pre-sigmoid β), a (pre-softplus α), each rows x width."""
         ...
 
@@ -46,30 +50,30 @@ class Projections(Protocol):
 class SplitProjections:
     """Delta-net inputs as separate matrices (qwen35, qwen35moe; current qwen3next without β/α)."""
 
-    w_qkv: hk.QMatrix
-    w_gate: hk.QMatrix  # z
-    w_beta: hk.QMatrix
-    w_alpha: hk.QMatrix
+    w_qkv: Matrix
+    w_gate: Matrix  # z
+    w_beta: Matrix
+    w_alpha: Matrix
 
-    def __call__(self, x: np.ndarray, cancel: hk.CancelFlag | None) -> Sequence[np.ndarray]:
-        return hk.matmul_many([self.w_qkv, self.w_gate, self.w_beta, self.w_alpha], x, cancel)
+    def __call__(self, ops: Backend, x: Tensor, cancel: hk.CancelFlag | None) -> Sequence[Tensor]:
+        return ops.matmul_many([self.w_qkv, self.w_gate, self.w_beta, self.w_alpha], x, cancel)
 
 
 @dataclass
 class DeltaNet:
     project: Projections
-    conv: np.ndarray  # [channels, kernel]
-    dt_bias: np.ndarray
-    a: np.ndarray  # already -exp(A_log)
-    norm: np.ndarray  # [dv]
-    w_out: hk.QMatrix
+    conv: Tensor  # [channels, kernel]
+    dt_bias: Tensor
+    a: Tensor  # already -exp(A_log)
+    norm: Tensor  # [dv]
+    w_out: Matrix
 
 
 @dataclass
 class HybridLayer:
-    attn_norm: np.ndarray
+    attn_norm: Tensor
     mixer: GatedAttention | DeltaNet
-    ffn_norm: np.ndarray  # GGUF `post_attention_norm`: the pre-FFN norm
+    ffn_norm: Tensor  # GGUF `post_attention_norm`: the pre-FFN norm
     ffn: Ffn
 
 
@@ -91,9 +95,10 @@ class QwenHybrid(Architecture):
     grouped_heads = False
     imrope = True  # qwen35*: IMROPE with rope.dimension_sections; qwen3next: plain NEOX
 
-    def __init__(self, gguf: GGUFFile) -> None:
+    def __init__(self, gguf: GGUFFile, ops: Backend = CPU) -> None:
         hp = HParams(gguf)
-        w = WeightLoader(gguf)
+        w = WeightLoader(gguf, ops)
+        self.ops = ops
         self.hp = hp
         self.n_embd = hp.int("embedding_length")
         n_all = hp.int("block_count")
@@ -166,7 +171,7 @@ class QwenHybrid(Architecture):
     def _load_delta_net(self, w: WeightLoader, p: str) -> DeltaNet:
         return DeltaNet(
             project=self._load_projections(w, p),
-            conv=np.ascontiguousarray(w.vector(p + "ssm_conv1d.weight").reshape(self.channels, self.kernel)),
+            conv=w.backend.vector(w.host_vector(p + "ssm_conv1d.weight").reshape(self.channels, self.kernel)),
             dt_bias=w.vector(p + "ssm_dt.bias", self.nv),
             a=w.vector(p + "ssm_a", self.nv),
             norm=w.vector(p + "ssm_norm.weight", self.dv),
@@ -179,120 +184,103 @@ class QwenHybrid(Architecture):
     # ---- forward ----------------------------------------------------------------------------------
 
     def new_memory(self, n_ctx: int) -> SequenceMemory:
+        ops = self.ops
         kv, rec = {}, {}
         for il, layer in enumerate(self.layers):
             if isinstance(layer.mixer, GatedAttention):
-                kv[il] = KVCache(n_ctx, self.n_kv, self.head_dim)
+                kv[il] = ops.kv_cache(n_ctx, self.n_kv, self.head_dim)
             else:
                 # delta state per v head: [dv, dk] (key index contiguous, llama.cpp's layout)
-                rec[il] = RecurrentState((self.kernel - 1, self.channels), (self.nv, self.dv, self.dk))
+                rec[il] = ops.recurrent_state((self.kernel - 1, self.channels), (self.nv, self.dv, self.dk))
         return SequenceMemory(n_ctx, kv, rec)
 
-    def _attention(self, L: GatedAttention, x: np.ndarray, il: int, segments, spans, pos, cancel) -> np.ndarray:
+    def _attention(self, L: GatedAttention, x: Tensor, il: int, segments, spans, pos, cancel) -> Tensor:
         # RoPE: IMROPE for qwen35*, NEOX for qwen3next; with text positions (p, p, p, 0) the two agree.
-        rows, hd = len(x), self.head_dim
-        qg, k, v = hk.matmul_many([L.wq, L.wk, L.wv], x, cancel)
-        qg = qg.reshape(rows, self.n_head, 2 * hd)
-        q = hk.rms_norm(np.ascontiguousarray(qg[:, :, :hd]).reshape(-1, hd), L.q_norm, self.eps).reshape(rows, -1)
-        gate = qg[:, :, hd:].reshape(rows, -1)
-        k = hk.rms_norm(k.reshape(-1, hd), L.k_norm, self.eps).reshape(rows, -1)
-        self._rope(q, self.n_head, pos)
-        self._rope(k, self.n_kv, pos)
-        a = attend(
-            self.ops,
-            segments,
-            spans,
-            il,
-            q.reshape(rows, self.n_head, hd),
-            k.reshape(rows, self.n_kv, hd),
-            v.reshape(rows, self.n_kv, hd),
-            pos,
-            kq_scale=1.0 / math.sqrt(hd),
-        )
-        a *= hk.sigmoid(gate)  # libm's expf, as ggml (numpy's exp rounds differently)
-        return hk.matmul(L.wo, a, cancel)
+        ops, rows, hd = self.ops, len(x), self.head_dim
+        qg, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
+        heads = qg.reshape(rows * self.n_head, 2 * hd)
+        q = ops.rms_norm(ops.columns(heads, 0, hd), L.q_norm, self.eps).reshape(rows, -1)
+        gate = ops.columns(heads, hd, hd).reshape(rows, -1)
+        k = ops.rms_norm(k, L.k_norm, self.eps)
+        q = self._rope(q, self.n_head, pos)
+        k = self._rope(k, self.n_kv, pos)
+        a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=1.0 / math.sqrt(hd))
+        ops.sigmoid_mul_(a, gate)
+        return ops.matmul(L.wo, a, cancel)
 
-    def _rope(self, x: np.ndarray, n_head: int, pos: np.ndarray) -> None:
-        """NEOX RoPE in place over the first n_rot dims of each head, except IMROPE's still pairs."""
+    def _rope(self, x: Tensor, n_head: int, pos: Tensor) -> Tensor:
+        """NEOX RoPE over the first n_rot dims of each head, except IMROPE's still pairs."""
         if len(self.still_pairs) == 0:
-            hk.rope(x, n_head, pos, self.n_rot, self.rope_base, 1.0, True)
-            return
-        heads = x.reshape(len(x), n_head, self.head_dim)
-        dims = np.concatenate([self.still_pairs, self.still_pairs + self.n_rot // 2])
-        kept = heads[:, :, dims].copy()
-        hk.rope(x, n_head, pos, self.n_rot, self.rope_base, 1.0, True)
-        heads[:, :, dims] = kept
+            return self.ops.rope(x, n_head, pos, self.n_rot, self.rope_base, 1.0, True)
+        return self.ops.rope_keeping(x, n_head, pos, self.n_rot, self.rope_base, self.still_pairs)
 
-    def _delta_net(self, L: DeltaNet, x: np.ndarray, il: int, segments, spans, states, cancel) -> np.ndarray:
-        rows, nv, dv = len(x), self.nv, self.dv
-        mixed, z, b, a = L.project(x, cancel)
-        beta = hk.sigmoid(b)
-        g = hk.softplus(np.add(a, L.dt_bias, dtype=np.float32))
-        g *= L.a
-        o = np.empty((rows, nv, dv), dtype=np.float32)
+    def _delta_net(self, L: DeltaNet, x: Tensor, il: int, segments, spans, states, cancel) -> Tensor:
+        ops, rows, nv, dv = self.ops, len(x), self.nv, self.dv
+        mixed, z, b, a = L.project(ops, x, cancel)
+        g, beta = ops.gdn_gates(b, a, L.dt_bias, L.a)
+        o = None
         for seg, span in zip(segments, spans):
             if span.stop == span.start:
                 continue
-            inputs = tuple(np.ascontiguousarray(m[span]) for m in (mixed, g, beta))
-            if seg.inputs is not None:  # kept for replays (the arrays are not written to again)
-                seg.inputs[il] = inputs
+            inputs = tuple(ops.rows(m, span.start, span.stop) for m in (mixed, g, beta))
+            if seg.inputs is not None:  # kept for replays (host arrays, not written to again)
+                seg.inputs[il] = tuple(ops.to_host(t) for t in inputs)
             out = self._scan(L, *inputs, *states.layer(seg.memory, il))
-            t = span.stop - span.start
-            if t == rows:
+            if span.stop - span.start == rows:
                 o = out
             else:
-                o[span] = out
-        y = hk.rms_norm(o.reshape(-1, dv), L.norm, self.eps).reshape(rows, nv * dv)
-        y *= hk.silu(np.ascontiguousarray(z).reshape(-1)).reshape(z.shape)
-        return hk.matmul(L.w_out, y, cancel)
+                if o is None:
+                    o = ops.empty((rows, nv, dv))
+                ops.put_rows(o, span.start, out)
+        y = ops.rms_norm(o, L.norm, self.eps).reshape(rows, nv * dv)
+        ops.mul_(y, ops.silu(z))
+        return ops.matmul(L.w_out, y, cancel)
 
     def _scan(
         self,
         L: DeltaNet,
-        mixed: np.ndarray,
-        g: np.ndarray,
-        beta: np.ndarray,
-        conv_state: np.ndarray,
-        ssm_state: np.ndarray,
-        new_conv: np.ndarray,
-        new_ssm: np.ndarray,
-    ) -> np.ndarray:
+        mixed: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        conv_state: Tensor,
+        ssm_state: Tensor,
+        new_conv: Tensor,
+        new_ssm: Tensor,
+    ) -> Tensor:
         """A delta-net layer's recurrent part for one sequence's rows (conv, L2 norms, delta rule):
         rows x nv x dv outputs; the new states go to new_conv/new_ssm."""
-        nk, nv, dk, dv, t = self.nk, self.nv, self.dk, self.dv, len(mixed)
+        ops, nk, nv, dk, dv = self.ops, self.nk, self.nv, self.dk, self.dv
         # ggml's SiLU: the convolution's own is the same per element when no row has a tail of
         # fewer than 8 channels (which it computes with libm's expf)
         fused = self.channels % 8 == 0
-        u = hk.conv1d_causal(mixed, L.conv, conv_state, silu=fused, new_state=new_conv)
+        u = ops.conv1d(mixed, L.conv, conv_state, new_conv, silu=fused)
         if not fused:
-            u = hk.silu(u.reshape(-1)).reshape(u.shape)
-        # q and k are L2-normalised inside the kernel as llama.cpp's graph does it
+            u = ops.silu(u)
+        # q and k are L2-normalised inside the rule as llama.cpp's graph does it
         # (`rms_norm(x, eps / dk) / sqrt(dk)`, not ggml_l2_norm: the two differ in the last bits)
-        q = np.ascontiguousarray(u[:, : nk * dk]).reshape(t, nk, dk)
-        k = np.ascontiguousarray(u[:, nk * dk : 2 * nk * dk]).reshape(t, nk, dk)
-        if self.grouped_heads and nv != nk:
-            # the kernel pairs v head j with k head j % n_k: repeat each k head for its group
-            q, k = np.repeat(q, nv // nk, axis=1), np.repeat(k, nv // nk, axis=1)
-        v = np.ascontiguousarray(u[:, 2 * nk * dk :]).reshape(t, nv, dv)
-        return hk.gated_delta_rule(q, k, v, g, beta, ssm_state, l2_eps=self.eps, new_state=new_ssm)
+        q, k = ops.columns(u, 0, nk * dk), ops.columns(u, nk * dk, nk * dk)
+        v = ops.columns(u, 2 * nk * dk, nv * dv)
+        return ops.gated_delta_rule(q, k, v, g, beta, ssm_state, new_ssm, nk, nv, self.grouped_heads, l2_eps=self.eps)
 
-    def _replay_recurrent(self, il: int, inputs: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]) -> None:
+    def _replay_recurrent(self, il: int, inputs: tuple[Tensor, ...], state: tuple[Tensor, ...]) -> None:
         mixer = self.layers[il].mixer
         assert isinstance(mixer, DeltaNet)
         self._scan(mixer, *inputs, *state)
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:
-        tokens, pos, spans = segment_rows(segments)
-        states = WorkingStates()  # committed only after the whole call succeeded
-        h = hk.get_rows(self.token_embd, tokens)
+        ops = self.ops
+        tokens, positions, spans = segment_rows(segments)
+        states = WorkingStates(ops)  # committed only after the whole call succeeded
+        pos = ops.ids(positions)
+        h = ops.embed(self.token_embd, ops.ids(tokens))
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
-            x = hk.rms_norm(h, layer.attn_norm, self.eps)
+            x = ops.rms_norm(h, layer.attn_norm, self.eps)
             if isinstance(layer.mixer, GatedAttention):
-                h += self._attention(layer.mixer, x, il, segments, spans, pos, cancel)
+                ops.add_(h, self._attention(layer.mixer, x, il, segments, spans, pos, cancel))
             else:
-                h += self._delta_net(layer.mixer, x, il, segments, spans, states, cancel)
-            h += layer.ffn(hk.rms_norm(h, layer.ffn_norm, self.eps), cancel)
+                ops.add_(h, self._delta_net(layer.mixer, x, il, segments, spans, states, cancel))
+            ops.add_(h, layer.ffn(ops.rms_norm(h, layer.ffn_norm, self.eps), cancel))
         states.commit()
         advance(segments)
-        return output_logits(self.ops, h, segments, spans, self.output_norm, self.output, self.eps)
+        return output_logits(ops, h, segments, spans, self.output_norm, self.output, self.eps)

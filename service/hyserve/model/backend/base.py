@@ -8,6 +8,8 @@ from typing import Any, Protocol
 import hyserve_kernels as hk
 import numpy as np
 
+from hyserve.model.backend.recurrent_base import RecurrentOps
+
 # A tensor of the backend's device: a numpy array on the CPU, an `hk.GpuTensor` on the GPU. Both
 # have `.shape` and `.reshape(*shape)`.
 Tensor = Any
@@ -15,7 +17,7 @@ Tensor = Any
 Matrix = Any
 
 
-class Backend(Protocol):
+class Backend(RecurrentOps, Protocol):
     """Operations are recorded or run in call order; `to_host` returns a result to numpy. Each
     output row depends only on its own input row (batch invariance), on every device."""
 
@@ -81,5 +83,5 @@ class Backend(Protocol):
         ...
 
     def abort(self) -> None:
-        """Forget work recorded by a forward call that did not finish (a cancel or an error)."""
+        """End a forward call that did not finish (a cancel or an error): no memory may change."""
         ...

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import hyserve_kernels as hk
 import numpy as np
 
+from hyserve.model.backend.recurrent_cpu import CpuRecurrentOps
 from hyserve.model.memory import KVCache
 
 
-class CpuBackend:
+class CpuBackend(CpuRecurrentOps):
     name = "cpu"
 
     @property

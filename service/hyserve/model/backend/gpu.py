@@ -9,6 +9,8 @@ from collections.abc import Sequence
 import hyserve_kernels as hk
 import numpy as np
 
+from hyserve.model.backend.recurrent_gpu import GpuRecurrentOps
+
 
 class GpuKVCache:
     """One attention layer's K/V cache on the device (f16, index == token position). Host copies
@@ -36,7 +38,7 @@ class GpuKVCache:
         return k.view(np.float16), v.view(np.float16)
 
 
-class GpuBackend:
+class GpuBackend(GpuRecurrentOps):
     name = "gpu"
 
     def __init__(self, device: hk.GpuDevice) -> None:
@@ -133,4 +135,7 @@ class GpuBackend:
         self.device.flush()
 
     def abort(self) -> None:
-        self.device.discard()
+        # Submitted, not dropped: the device has one pending encoder, and another thread (another
+        # engine on this device) may have recorded work into it too. A cancelled call's work changes
+        # no memory: it writes only KV positions past each memory's token count and spare state buffers.
+        self.device.flush()

@@ -1,0 +1,100 @@
+// The Gated DeltaNet recurrence (Qwen3.5 / Qwen3-Next linear attention), as the CPU kernel
+// (rust_kernels/src/recurrent.rs, llama.cpp's GATED_DELTA_NET) runs it, per v head h and per token:
+//   S <- exp(g) S;  delta[j] = beta (v[j] - sum_i S[i,j] k[i]);  S[i,j] += k[i] delta[j];
+//   o[j] = (sum_i S[i,j] q[i]) / sqrt(d_k)
+// State layout [h][j][i] (key index contiguous). State rows j are independent, so one invocation
+// owns one (head, row) for all tokens, in order: no cross-invocation reduction, and the bits of a
+// token do not depend on how the sequence was chunked. Dot products in the CPU's order: 32 lanes of
+// fused multiply-adds over the first d_k & ~31 keys, ggml's lane reduction, then the tail in order.
+
+struct Params {
+    n: u32,       // tokens
+    nk: u32,      // q/k heads
+    nv: u32,      // v heads
+    dk: u32,
+    dv: u32,
+    grouped: u32, // v head h uses k head h / (nv/nk) (qwen3next), else h % nk (qwen35)
+    scale: f32,   // 1 / sqrt(dk)
+    groups_x: u32,
+}
+
+@group(0) @binding(0) var<storage, read> q: array<f32>;    // n x nk x dk
+@group(0) @binding(1) var<storage, read> k: array<f32>;    // n x nk x dk
+@group(0) @binding(2) var<storage, read> v: array<f32>;    // n x nv x dv
+@group(0) @binding(3) var<storage, read> g: array<f32>;    // n x nv (log decay)
+@group(0) @binding(4) var<storage, read> beta: array<f32>; // n x nv
+@group(0) @binding(5) var<storage, read> state_in: array<f32>;            // nv x dv x dk
+@group(0) @binding(6) var<storage, read_write> state_out: array<f32>;     // nv x dv x dk
+@group(0) @binding(7) var<storage, read_write> out: array<f32>;           // n x nv x dv
+@group(0) @binding(8) var<uniform> p: Params;
+
+// where the CPU switches from rounded products to fused multiply-adds for a tail of n terms
+fn fused_from(n: u32) -> u32 {
+    let n8 = n & ~7u;
+    return select(n8, n8 + 4u, n - n8 >= 4u);
+}
+
+fn reduce32(l: ptr<function, array<f32, 32>>) -> f32 {
+    var x: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        x[i] = ((*l)[i] + (*l)[16u + i]) + ((*l)[8u + i] + (*l)[24u + i]);
+    }
+    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+// sum_i state_out[row + i] * vec[at + i], i < dk, in the CPU's order; `which` 0: k, 1: q
+fn dot_row(row: u32, at: u32, which: u32) -> f32 {
+    let n = p.dk;
+    let np = n & ~31u;
+    var lanes: array<f32, 32>;
+    for (var l = 0u; l < 32u; l++) {
+        lanes[l] = 0.0;
+    }
+    for (var i = 0u; i < np; i++) {
+        let y = select(k[at + i], q[at + i], which == 1u);
+        lanes[i % 32u] = fma(state_out[row + i], y, lanes[i % 32u]);
+    }
+    var sum = reduce32(&lanes);
+    let split = np + fused_from(n - np);
+    for (var i = np; i < n; i++) {
+        let y = select(k[at + i], q[at + i], which == 1u);
+        if i < split {
+            let prod = state_out[row + i] * y;
+            sum = sum + prod;
+        } else {
+            sum = fma(state_out[row + i], y, sum);
+        }
+    }
+    return sum;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let idx = gid.x + gid.y * p.groups_x * 64u;
+    if idx >= p.nv * p.dv {
+        return;
+    }
+    let h = idx / p.dv;
+    let j = idx % p.dv;
+    var hk = h % p.nk;
+    if p.grouped != 0u {
+        hk = h / (p.nv / p.nk);
+    }
+    let row = idx * p.dk;
+    for (var i = 0u; i < p.dk; i++) {
+        state_out[row + i] = state_in[row + i];
+    }
+    for (var t = 0u; t < p.n; t++) {
+        let at = (t * p.nk + hk) * p.dk;
+        let decay = exp(g[t * p.nv + h]);
+        for (var i = 0u; i < p.dk; i++) {
+            state_out[row + i] = state_out[row + i] * decay;
+        }
+        let sk = dot_row(row, at, 0u);
+        let delta = (v[(t * p.nv + h) * p.dv + j] - sk) * beta[t * p.nv + h];
+        for (var i = 0u; i < p.dk; i++) {
+            state_out[row + i] = fma(k[at + i], delta, state_out[row + i]);
+        }
+        out[(t * p.nv + h) * p.dv + j] = dot_row(row, at, 1u) * p.scale;
+    }
+}

@@ -1,0 +1,78 @@
+// The Mamba2 selective scan (ggml_ssm_scan with a scalar decay per head) plus the D skip, as the
+// CPU kernel (rust_kernels/src/recurrent.rs) runs it, per head h (group h / (H/G)) and token:
+//   dt' = softplus(dt[h] + dt_bias[h]);  dA = exp(dt' A[h]);
+//   s[h,p,n] <- fma(s, dA, B[g,n] (x[h,p] dt'));  y[h,p] = sum_n s[h,p,n] C[g,n] + x[h,p] D[h]
+// One invocation owns one state row (h, p) for all tokens, in order; the sum over n in the CPU's
+// order (32 fused lanes, ggml's lane reduction, then sequential fused multiply-adds).
+
+struct Params {
+    n: u32,       // tokens
+    nh: u32,      // heads H
+    hd: u32,      // head_dim P
+    ng: u32,      // groups G
+    ns: u32,      // d_state N
+    groups_x: u32,
+    _a: u32,
+    _b: u32,
+}
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;      // n x H x P
+@group(0) @binding(1) var<storage, read> dt: array<f32>;     // n x H
+@group(0) @binding(2) var<storage, read> bmat: array<f32>;   // n x G x N
+@group(0) @binding(3) var<storage, read> cmat: array<f32>;   // n x G x N
+@group(0) @binding(4) var<storage, read> heads: array<f32>;  // A (H), then D (H), then dt_bias (H)
+@group(0) @binding(5) var<storage, read> state_in: array<f32>;        // H x P x N
+@group(0) @binding(6) var<storage, read_write> state_out: array<f32>; // H x P x N
+@group(0) @binding(7) var<storage, read_write> out: array<f32>;       // n x H x P
+@group(0) @binding(8) var<uniform> p: Params;
+
+fn softplus(v: f32) -> f32 {
+    if v > 20.0 {
+        return v;
+    }
+    return log(1.0 + exp(v));
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let idx = gid.x + gid.y * p.groups_x * 64u;
+    if idx >= p.nh * p.hd {
+        return;
+    }
+    let h = idx / p.hd;
+    let grp = h / (p.nh / p.ng);
+    let row = idx * p.ns;
+    for (var i = 0u; i < p.ns; i++) {
+        state_out[row + i] = state_in[row + i];
+    }
+    let np = p.ns & ~31u;
+    for (var t = 0u; t < p.n; t++) {
+        let dt_sp = softplus(dt[t * p.nh + h] + heads[2u * p.nh + h]);
+        let da = exp(dt_sp * heads[h]);
+        let xv = x[(t * p.nh + h) * p.hd + idx % p.hd];
+        let x_dt = xv * dt_sp;
+        let at = (t * p.ng + grp) * p.ns;
+        var lanes: array<f32, 32>;
+        for (var l = 0u; l < 32u; l++) {
+            lanes[l] = 0.0;
+        }
+        for (var i = 0u; i < np; i++) {
+            let s = fma(state_out[row + i], da, bmat[at + i] * x_dt);
+            state_out[row + i] = s;
+            lanes[i % 32u] = fma(s, cmat[at + i], lanes[i % 32u]);
+        }
+        var xs: array<f32, 8>;
+        for (var i = 0u; i < 8u; i++) {
+            xs[i] = (lanes[i] + lanes[16u + i]) + (lanes[8u + i] + lanes[24u + i]);
+        }
+        var sum = ((xs[0] + xs[4]) + (xs[1] + xs[5])) + ((xs[2] + xs[6]) + (xs[3] + xs[7]));
+        for (var i = np; i < p.ns; i++) {
+            let s = fma(state_out[row + i], da, bmat[at + i] * x_dt);
+            state_out[row + i] = s;
+            sum = fma(s, cmat[at + i], sum);
+        }
+        // `y + x D` as two graph ops: two roundings
+        let skip = xv * heads[p.nh + h];
+        out[(t * p.nh + h) * p.hd + idx % p.hd] = sum + skip;
+    }
+}

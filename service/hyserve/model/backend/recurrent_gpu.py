@@ -1,0 +1,144 @@
+"""The recurrent architectures' operations on the GPU (`gpu::recurrent`'s WGSL shaders), and
+recurrent states resident on the device: checkpoints are device-to-device copies, the prefix
+store's images host copies, and a restored state continues bit for bit like the live one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import hyserve_kernels as hk
+import hyserve_kernels._native as native
+import numpy as np
+
+
+class GpuRecurrentState:
+    """One recurrent layer's conv and SSM/delta state (f32) in device memory."""
+
+    on_device = True
+
+    def __init__(self, device: hk.GpuDevice, conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...]) -> None:
+        self.device = device
+        self.conv = device.tensor(np.zeros(conv_shape, dtype=np.float32))
+        self.ssm = device.tensor(np.zeros(ssm_shape, dtype=np.float32))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.conv.nbytes + self.ssm.nbytes)
+
+    def reset(self) -> None:
+        for t in (self.conv, self.ssm):
+            native.gpu_write(self.device, t, np.zeros(t.shape, dtype=np.float32))
+
+    def copies(self) -> tuple[hk.GpuTensor, hk.GpuTensor]:
+        out = native.gpu_clone(self.device, self.conv), native.gpu_clone(self.device, self.ssm)
+        self.device.flush()  # a forward call dropped later must not take the copy with it
+        return out
+
+    def host_copies(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.device.to_host(self.conv), self.device.to_host(self.ssm)
+
+    def to_host(self, conv: hk.GpuTensor, ssm: hk.GpuTensor) -> tuple[np.ndarray, np.ndarray]:
+        return self.device.to_host(conv), self.device.to_host(ssm)
+
+    def put(self, conv: hk.GpuTensor | np.ndarray, ssm: hk.GpuTensor | np.ndarray) -> None:
+        for dst, src in ((self.conv, conv), (self.ssm, ssm)):
+            if isinstance(src, np.ndarray):
+                native.gpu_write(self.device, dst, np.ascontiguousarray(src, dtype=np.float32))
+            else:
+                native.gpu_copy_into(self.device, src, dst)
+
+
+class GpuRecurrentOps:
+    device: hk.GpuDevice
+
+    def recurrent_state(self, conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...]) -> GpuRecurrentState:
+        return GpuRecurrentState(self.device, conv_shape, ssm_shape)
+
+    def columns(self, x: hk.GpuTensor, start: int, width: int) -> hk.GpuTensor:
+        return self.device.columns(x, start, width)
+
+    def concat_columns(self, parts: Sequence[hk.GpuTensor]) -> hk.GpuTensor:
+        return native.gpu_concat_columns(self.device, list(parts))
+
+    def rows(self, x: hk.GpuTensor, start: int, stop: int) -> hk.GpuTensor:
+        return native.gpu_rows(self.device, x, start, stop)
+
+    def put_rows(self, dst: hk.GpuTensor, start: int, src: hk.GpuTensor) -> None:
+        native.gpu_put_rows(self.device, dst, start, src)
+
+    def mul_(self, dst: hk.GpuTensor, a: hk.GpuTensor) -> None:
+        self.device.mul(dst, a)
+
+    def silu(self, x: hk.GpuTensor) -> hk.GpuTensor:
+        out = native.gpu_clone(self.device, x)
+        self.device.silu(out)
+        return out
+
+    def sigmoid_mul_(self, dst: hk.GpuTensor, gate: hk.GpuTensor) -> None:
+        native.gpu_sigmoid_mul(self.device, dst, gate)
+
+    def mul_row_(self, dst: hk.GpuTensor, w: hk.GpuTensor) -> None:
+        native.gpu_mul_row(self.device, dst, w)
+
+    def rms_norm_groups(self, x: hk.GpuTensor, n: int, eps: float) -> hk.GpuTensor:
+        return self.device.rms_norm(x, None, eps, n)
+
+    def l2_norm(self, x: hk.GpuTensor, n: int, eps: float) -> hk.GpuTensor:
+        return native.gpu_l2_norm(self.device, x, n, eps)
+
+    def rope_keeping(
+        self, x: hk.GpuTensor, n_head: int, positions: hk.GpuTensor, n_rot: int, base: float, still: np.ndarray
+    ) -> hk.GpuTensor:
+        raise ValueError("IMROPE sections that leave rotary pairs unrotated have no GPU kernel yet (use --device cpu)")
+
+    def gdn_gates(
+        self, b: hk.GpuTensor, a: hk.GpuTensor, dt_bias: hk.GpuTensor, neg_a: hk.GpuTensor
+    ) -> tuple[hk.GpuTensor, hk.GpuTensor]:
+        return native.gpu_gdn_gates(self.device, b, a, dt_bias, neg_a)
+
+    def conv1d(
+        self,
+        x: hk.GpuTensor,
+        weight: hk.GpuTensor,
+        state: hk.GpuTensor,
+        new_state: hk.GpuTensor,
+        bias: hk.GpuTensor | None = None,
+        silu: bool = False,
+    ) -> hk.GpuTensor:
+        return native.gpu_conv1d(self.device, x, weight, state, new_state, bias, silu)
+
+    def gated_delta_rule(
+        self,
+        q: hk.GpuTensor,
+        k: hk.GpuTensor,
+        v: hk.GpuTensor,
+        g: hk.GpuTensor,
+        beta: hk.GpuTensor,
+        state: hk.GpuTensor,
+        new_state: hk.GpuTensor,
+        n_k_heads: int,
+        n_v_heads: int,
+        grouped: bool,
+        l2_eps: float | None = None,
+    ) -> hk.GpuTensor:
+        if l2_eps is not None:
+            # ggml_l2_norm's formula: the CPU's rms_norm(eps / dk) / sqrt(dk) differs in the last bits
+            dk = q.shape[-1] // n_k_heads
+            q, k = self.l2_norm(q, dk, l2_eps), self.l2_norm(k, dk, l2_eps)
+        return native.gpu_delta_rule(self.device, q, k, v, g, beta, state, new_state, n_k_heads, n_v_heads, grouped)
+
+    def mamba2_scan(
+        self,
+        x: hk.GpuTensor,
+        dt: hk.GpuTensor,
+        a: hk.GpuTensor,
+        b: hk.GpuTensor,
+        c: hk.GpuTensor,
+        d: hk.GpuTensor,
+        dt_bias: hk.GpuTensor,
+        state: hk.GpuTensor,
+        new_state: hk.GpuTensor,
+        n_heads: int,
+        n_groups: int,
+    ) -> hk.GpuTensor:
+        return native.gpu_mamba2_scan(self.device, x, dt, a, b, c, d, dt_bias, state, new_state, n_groups)

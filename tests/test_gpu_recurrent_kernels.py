@@ -1,0 +1,154 @@
+"""The recurrent architectures' GPU operations (conv1d with state, gated delta rule, Mamba2 scan,
+L2 norm, gates, slicing) against the CPU backend on random data, odd shapes included, and their
+chunking invariance and determinism on the device. Runs on any wgpu adapter (CI: lavapipe)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hyserve.model.backend import CPU
+
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape: int, scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def close(gpu: np.ndarray, cpu: np.ndarray, tol: float = 2e-5) -> None:
+    np.testing.assert_allclose(gpu, cpu, rtol=tol, atol=tol * max(1.0, float(np.abs(cpu).max())))
+
+
+@pytest.fixture(scope="module")
+def gpu(gpu_backend):  # -> GpuBackend
+    return gpu_backend
+
+
+@pytest.mark.parametrize(
+    ("n", "channels", "kernel", "bias", "silu"),
+    [(5, 37, 4, True, True), (1, 24, 3, False, False), (9, 13, 6, True, False), (2, 128, 4, False, True)],
+)
+def test_conv1d_matches_the_cpu(gpu, n: int, channels: int, kernel: int, bias: bool, silu: bool) -> None:
+    x, w, st = rand(n, channels), rand(channels, kernel, scale=0.5), rand(kernel - 1, channels)
+    b = rand(channels) if bias else None
+    new_cpu = np.empty_like(st)
+    cpu = CPU.conv1d(x, w, st, new_cpu, b, silu)
+    new_gpu = gpu.empty(st.shape)
+    st_gpu = gpu.vector(st)
+    out = gpu.conv1d(gpu.vector(x), gpu.vector(w), st_gpu, new_gpu, None if b is None else gpu.vector(b), silu)
+    close(gpu.to_host(out), cpu)
+    np.testing.assert_array_equal(gpu.to_host(new_gpu), new_cpu)  # raw inputs: exact
+    np.testing.assert_array_equal(gpu.to_host(st_gpu), st)  # the old state is left as it was
+
+
+def l2_rows(x: np.ndarray, n: int) -> np.ndarray:
+    return CPU.l2_norm(x, n, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("nk", "nv", "dk", "dv", "grouped"), [(2, 4, 40, 24, False), (2, 6, 16, 16, True), (1, 1, 67, 5, False)]
+)
+def test_gated_delta_rule_matches_the_cpu(gpu, nk: int, nv: int, dk: int, dv: int, grouped: bool) -> None:
+    n = 7
+    q, k = l2_rows(rand(n, nk * dk), dk), l2_rows(rand(n, nk * dk), dk)
+    v = rand(n, nv * dv)
+    g, beta = CPU.gdn_gates(rand(n, nv), rand(n, nv), rand(nv), -np.exp(rand(nv, scale=0.5)))
+    st = rand(nv, dv, dk, scale=0.1)
+    new_cpu = np.empty_like(st)
+    cpu = CPU.gated_delta_rule(q, k, v, g, beta, st, new_cpu, nk, nv, grouped)
+    t = [gpu.vector(a) for a in (q, k, v, g, beta, st)]
+    new_gpu = gpu.empty(st.shape)
+    out = gpu.gated_delta_rule(*t, new_gpu, nk, nv, grouped)
+    close(gpu.to_host(out), cpu)
+    close(gpu.to_host(new_gpu), new_cpu)
+    # chunking: 3 + 4 tokens give the same bits as 7 at once
+    mid = gpu.empty(st.shape)
+    fin = gpu.empty(st.shape)
+    part = [gpu.rows(a, 0, 3) for a in t[:5]]
+    o1 = gpu.gated_delta_rule(*part, t[5], mid, nk, nv, grouped)
+    part = [gpu.rows(a, 3, 7) for a in t[:5]]
+    o2 = gpu.gated_delta_rule(*part, mid, fin, nk, nv, grouped)
+    whole = gpu.to_host(out)
+    np.testing.assert_array_equal(np.concatenate([gpu.to_host(o1), gpu.to_host(o2)]), whole)
+    np.testing.assert_array_equal(gpu.to_host(fin), gpu.to_host(new_gpu))
+    again = gpu.empty(st.shape)
+    np.testing.assert_array_equal(gpu.to_host(gpu.gated_delta_rule(*t, again, nk, nv, grouped)), whole)
+
+
+@pytest.mark.parametrize(("nh", "hd", "ng", "ns"), [(6, 5, 2, 40), (4, 16, 1, 16), (3, 7, 3, 33)])
+def test_mamba2_scan_matches_the_cpu(gpu, nh: int, hd: int, ng: int, ns: int) -> None:
+    n = 6
+    x, dt = rand(n, nh * hd), rand(n, nh)
+    dt[2, 0] = 25.0  # softplus passes x > 20 through
+    a, d, bias = -np.exp(rand(nh, scale=0.5)), rand(nh), rand(nh)
+    b, c = rand(n, ng * ns), rand(n, ng * ns)
+    st = rand(nh, hd, ns, scale=0.1)
+    new_cpu = np.empty_like(st)
+    cpu = CPU.mamba2_scan(x, dt, a, b, c, d, bias, st, new_cpu, nh, ng)
+    t = [gpu.vector(v) for v in (x, dt, a, b, c, d, bias, st)]
+    new_gpu = gpu.empty(st.shape)
+    out = gpu.mamba2_scan(*t, new_gpu, nh, ng)
+    close(gpu.to_host(out), cpu)
+    close(gpu.to_host(new_gpu), new_cpu)
+    # token by token gives the same bits as all at once
+    state, outs = t[7], []
+    for i in range(n):
+        nxt = gpu.empty(st.shape)
+        xi, dti, bi, ci = (gpu.rows(t[j], i, i + 1) for j in (0, 1, 3, 4))
+        outs.append(gpu.to_host(gpu.mamba2_scan(xi, dti, t[2], bi, ci, t[5], t[6], state, nxt, nh, ng)))
+        state = nxt
+    np.testing.assert_array_equal(np.concatenate(outs), gpu.to_host(out))
+    np.testing.assert_array_equal(gpu.to_host(state), gpu.to_host(new_gpu))
+
+
+def test_small_steps_match_the_cpu(gpu) -> None:
+    x = rand(5, 3 * 19)
+    close(gpu.to_host(gpu.l2_norm(gpu.vector(x), 19, 1e-6)), CPU.l2_norm(x, 19, 1e-6))
+    zero = np.zeros((2, 19), np.float32)  # max(|x|, eps) keeps a zero row finite
+    np.testing.assert_array_equal(gpu.to_host(gpu.l2_norm(gpu.vector(zero), 19, 1e-6)), zero)
+    b, a, bias, neg = rand(4, 6, scale=3), rand(4, 6, scale=3), rand(6), -np.exp(rand(6))
+    a[1, 2] = 30.0
+    for got, want in zip(gpu.gdn_gates(*(gpu.vector(v) for v in (b, a, bias, neg))), CPU.gdn_gates(b, a, bias, neg)):
+        close(gpu.to_host(got), want, 1e-5)
+    dst, gate = rand(3, 10), rand(3, 10)
+    t = gpu.vector(dst)
+    gpu.sigmoid_mul_(t, gpu.vector(gate))
+    ref = dst.copy()
+    CPU.sigmoid_mul_(ref, gate)
+    close(gpu.to_host(t), ref, 1e-6)
+    w = rand(10)
+    gpu.mul_row_(t, gpu.vector(w))
+    ref *= w
+    close(gpu.to_host(t), ref, 1e-6)
+    close(gpu.to_host(gpu.silu(gpu.vector(x))), CPU.silu(x), 1e-6)
+    close(gpu.to_host(gpu.rms_norm_groups(gpu.vector(x), 19, 1e-5)), CPU.rms_norm_groups(x, 19, 1e-5), 1e-5)
+
+
+def test_slicing_is_exact(gpu) -> None:
+    x, y = rand(7, 11), rand(7, 4)
+    tx = gpu.vector(x)
+    np.testing.assert_array_equal(gpu.to_host(gpu.rows(tx, 2, 5)), x[2:5])
+    np.testing.assert_array_equal(gpu.to_host(gpu.columns(tx, 3, 5)), x[:, 3:8])
+    np.testing.assert_array_equal(gpu.to_host(gpu.concat_columns([tx, gpu.vector(y)])), np.concatenate([x, y], 1))
+    dst = gpu.vector(np.zeros((7, 11), np.float32))
+    gpu.put_rows(dst, 4, gpu.vector(x[:3]))
+    want = np.zeros((7, 11), np.float32)
+    want[4:7] = x[:3]
+    np.testing.assert_array_equal(gpu.to_host(dst), want)
+
+
+def test_device_states_copy_exactly(gpu) -> None:
+    st = gpu.recurrent_state((3, 8), (2, 4, 5))
+    assert st.on_device and st.nbytes == 4 * (24 + 40)
+    conv, ssm = rand(3, 8), rand(2, 4, 5)
+    st.put(conv, ssm)  # from the host
+    snap = st.copies()  # device to device
+    host = st.host_copies()
+    np.testing.assert_array_equal(host[0], conv)
+    np.testing.assert_array_equal(host[1], ssm)
+    st.reset()
+    assert not gpu.to_host(st.ssm).any()
+    st.put(*snap)
+    np.testing.assert_array_equal(gpu.to_host(st.conv), conv)
+    np.testing.assert_array_equal(gpu.to_host(st.ssm), ssm)
