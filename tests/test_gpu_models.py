@@ -125,17 +125,19 @@ def test_gemma3_270m_on_the_gpu(gemma_model, gpu_backend) -> None:
     """The default model: a 262k x 640 tied embedding / LM head (split across bindings where an
     adapter limits them), sliding-window and global layers, GEGLU.
 
-    Gemma 3 amplifies the last-bit differences left between the devices (quantized activations
-    round differently after a one-ulp change; Mesa's software Vulkan does not fuse `fma`): mean KL
-    3-4e-3 against the CPU path on these prompts, the size of llama.cpp's own spread between its
-    default and plain CPU paths (5e-4 to 7e-3). The issue's bar (1e-3) is not met here yet; this
-    test holds the figure we have so that it cannot get worse unnoticed."""
+    Gemma 3 amplifies any last-bit difference (its quantized activations round differently after a
+    one-ulp change: mean KL 3-5e-3 when the shaders only came within an ulp of the CPU). With the
+    CPU's fused multiply-adds (computed in integers where the adapter does not fuse), its exact
+    f64-like norm sums, and the CPU's RoPE angles and GELU table, the software adapter gives the
+    CPU's bits; hardware adapters may round sqrt and division differently (Vulkan allows ulps)."""
     arch = ARCHITECTURES["gemma3"](gemma_model.gguf, gpu_backend)
     tokens = gemma_model.tokenizer.encode("Once upon a time, there was a little robot who")
     cpu = fresh(gemma_model.arch, tokens)
     gpu = fresh(arch, tokens)
     kl = float(kl_per_position(cpu, gpu).mean())
-    assert kl <= 5e-3 and top1_agreement_up_to_ties(cpu, gpu, tie=0.1) >= 0.9, kl
+    assert kl <= 1e-3 and top1_agreement_up_to_ties(cpu, gpu) >= 0.99, kl
+    if gpu_backend.device.is_software:
+        np.testing.assert_array_equal(gpu, cpu)
     memory = arch.new_memory(64)
     steps = [run(arch, memory, tokens[:5])] + [run(arch, memory, [t]) for t in tokens[5:8]]
     np.testing.assert_array_equal(np.concatenate(steps), gpu[:8])

@@ -1,7 +1,8 @@
 //! Python bindings of the GPU path: a device, tensors and weights that live on it, and its ops.
 //! The Python side (`hyserve.model.backend.gpu`) wraps these in the same interface as the CPU ops.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
@@ -26,6 +27,14 @@ pub struct GpuTensor {
     pub(crate) dtype: Dtype,
     #[pyo3(get)]
     pub(crate) shape: Vec<usize>,
+    /// positions uploaded by `ids`: their host values and the RoPE cos/sin tables built from them
+    /// (every layer with the same RoPE settings reuses one)
+    pub(crate) host_ids: Option<Arc<HostIds>>,
+}
+
+pub(crate) struct HostIds {
+    values: Vec<i32>,
+    rope_tables: Mutex<HashMap<(usize, u32, u32), Arc<GpuBuffer>>>,
 }
 
 impl GpuTensor {
@@ -41,6 +50,7 @@ impl GpuTensor {
             buf: Arc::new(buf),
             dtype,
             shape,
+            host_ids: None,
         }
     }
 }
@@ -56,18 +66,32 @@ impl GpuTensor {
             _ => dims.extract()?,
         };
         let size = self.size();
-        let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let known: usize = dims
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
         let shape: Vec<usize> = dims
             .iter()
-            .map(|&d| if d < 0 { size / known.max(1) } else { d as usize })
+            .map(|&d| {
+                if d < 0 {
+                    size / known.max(1)
+                } else {
+                    d as usize
+                }
+            })
             .collect();
         if shape.iter().product::<usize>() != size {
-            return Err(value_error(format!("cannot reshape {:?} to {shape:?}", self.shape)));
+            return Err(value_error(format!(
+                "cannot reshape {:?} to {shape:?}",
+                self.shape
+            )));
         }
         Ok(GpuTensor {
             buf: self.buf.clone(),
             dtype: self.dtype,
             shape,
+            host_ids: self.host_ids.clone(),
         })
     }
 
@@ -147,7 +171,9 @@ pub struct GpuDevice {
 }
 
 fn f32_bytes(a: &PyReadonlyArrayDyn<'_, f32>) -> PyResult<Vec<u8>> {
-    let s = a.as_slice().map_err(|_| value_error("array must be C-contiguous"))?;
+    let s = a
+        .as_slice()
+        .map_err(|_| value_error("array must be C-contiguous"))?;
     Ok(bytemuck::cast_slice(s).to_vec())
 }
 
@@ -155,9 +181,41 @@ impl GpuDevice {
     fn tensor_of(&self, buf: GpuBuffer, shape: Vec<usize>) -> GpuTensor {
         GpuTensor::new(buf, Dtype::F32, shape)
     }
+    /// cos/sin of every rotated pair at every position, computed on the host by the CPU kernel's
+    /// own function (a shader's sin/cos differ from libm's in the last bits; the angles are few,
+    /// the rotations many). One table per RoPE setting, kept with the positions.
+    fn rope_table(
+        &self,
+        positions: &GpuTensor,
+        n_rot: usize,
+        base: f32,
+        freq_scale: f32,
+    ) -> PyResult<Arc<GpuBuffer>> {
+        let Some(ids) = &positions.host_ids else {
+            return Err(value_error(
+                "rope's positions must be a tensor made by ids()",
+            ));
+        };
+        let key = (n_rot, base.to_bits(), freq_scale.to_bits());
+        let mut tables = ids.rope_tables.lock().unwrap();
+        let table = tables.entry(key).or_insert_with(|| {
+            let mut table: Vec<f32> = Vec::with_capacity(ids.values.len() * n_rot);
+            for &p in &ids.values {
+                for (c, s) in crate::ops::rope_angles(p as f32, n_rot, base, freq_scale) {
+                    table.extend([c, s]);
+                }
+            }
+            Arc::new(self.gpu.upload(bytemuck::cast_slice(&table)))
+        });
+        Ok(table.clone())
+    }
+
     fn check(&self, t: &GpuTensor, dtype: Dtype, what: &str) -> PyResult<()> {
         if t.dtype != dtype {
-            return Err(value_error(format!("{what} must be {dtype:?}, got {:?}", t.dtype)));
+            return Err(value_error(format!(
+                "{what} must be {dtype:?}, got {:?}",
+                t.dtype
+            )));
         }
         Ok(())
     }
@@ -170,20 +228,48 @@ impl GpuDevice {
         s: f32,
     ) -> PyResult<()> {
         if let Some(a) = a {
-            let need = if matches!(op, Elementwise::AddRow) { m } else { dst.size() };
+            let need = if matches!(op, Elementwise::AddRow) {
+                m
+            } else {
+                dst.size()
+            };
             if a.size() != need {
-                return Err(value_error(format!("{op:?}: shapes {:?} and {:?} do not match", dst.shape, a.shape)));
+                return Err(value_error(format!(
+                    "{op:?}: shapes {:?} and {:?} do not match",
+                    dst.shape, a.shape
+                )));
             }
         }
-        ops::elementwise(&self.gpu, op, &dst.buf, a.map(|t| &*t.buf), None, dst.size(), m, s);
+        ops::elementwise(
+            &self.gpu,
+            op,
+            &dst.buf,
+            a.map(|t| &*t.buf),
+            None,
+            dst.size(),
+            m,
+            s,
+        );
         Ok(())
     }
     fn gated(&self, op: Elementwise, gate: &GpuTensor, up: &GpuTensor) -> PyResult<GpuTensor> {
         if gate.shape != up.shape {
-            return Err(value_error(format!("{op:?}: shapes {:?} and {:?} differ", gate.shape, up.shape)));
+            return Err(value_error(format!(
+                "{op:?}: shapes {:?} and {:?} differ",
+                gate.shape, up.shape
+            )));
         }
         let out = self.gpu.alloc((gate.size() * 4) as u64);
-        ops::elementwise(&self.gpu, op, &out, Some(&gate.buf), Some(&up.buf), gate.size(), 0, 0.0);
+        ops::elementwise(
+            &self.gpu,
+            op,
+            &out,
+            Some(&gate.buf),
+            Some(&up.buf),
+            gate.size(),
+            0,
+            0.0,
+        );
         Ok(self.tensor_of(out, gate.shape.clone()))
     }
 }
@@ -222,7 +308,8 @@ impl GpuDevice {
     #[staticmethod]
     #[pyo3(signature = (backend=None))]
     fn adapters(py: Python<'_>, backend: Option<String>) -> PyResult<Vec<(String, bool)>> {
-        py.detach(|| device::list_adapters(backend.as_deref())).map_err(value_error)
+        py.detach(|| device::list_adapters(backend.as_deref()))
+            .map_err(value_error)
     }
 
     /// "name (backend, device type)"
@@ -241,12 +328,20 @@ impl GpuDevice {
         self.gpu.max_binding()
     }
 
+    /// Whether the adapter's `fma` rounds once; where not, the shaders compute it in integers.
+    #[getter]
+    fn fused_fma(&self) -> bool {
+        self.gpu.fused_fma()
+    }
+
     /// Uploads a weight matrix in its block format.
     fn matrix(&self, py: Python<'_>, m: PyRef<'_, QMatrix>) -> PyResult<GpuMatrix> {
         let w = m.weight();
         let (t, rows, cols) = (m.ggml_type, m.rows, m.cols);
         let gpu = &self.gpu;
-        let w = py.detach(|| GpuWeight::upload(gpu, t, w.data, rows, cols)).map_err(value_error)?;
+        let w = py
+            .detach(|| GpuWeight::upload(gpu, t, w.data, rows, cols))
+            .map_err(value_error)?;
         Ok(GpuMatrix {
             w,
             rows,
@@ -263,8 +358,19 @@ impl GpuDevice {
 
     /// Uploads an i32 array (token ids, positions).
     fn ids(&self, a: PyReadonlyArrayDyn<'_, i32>) -> PyResult<GpuTensor> {
-        let s = a.as_slice().map_err(|_| value_error("ids must be C-contiguous"))?;
-        Ok(GpuTensor::new(self.gpu.upload(bytemuck::cast_slice(s)), Dtype::I32, a.shape().to_vec()))
+        let s = a
+            .as_slice()
+            .map_err(|_| value_error("ids must be C-contiguous"))?;
+        let mut t = GpuTensor::new(
+            self.gpu.upload(bytemuck::cast_slice(s)),
+            Dtype::I32,
+            a.shape().to_vec(),
+        );
+        t.host_ids = Some(Arc::new(HostIds {
+            values: s.to_vec(),
+            rope_tables: Mutex::new(HashMap::new()),
+        }));
+        Ok(t)
     }
 
     /// A tensor of the given shape with undefined values (every op that fills one writes it all).
@@ -274,13 +380,19 @@ impl GpuDevice {
     }
 
     /// Runs the recorded work and copies the tensor to the host (f32).
-    fn to_host<'py>(&self, py: Python<'py>, t: PyRef<'py, GpuTensor>) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    fn to_host<'py>(
+        &self,
+        py: Python<'py>,
+        t: PyRef<'py, GpuTensor>,
+    ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
         self.check(&t, Dtype::F32, "to_host's tensor")?;
         let (buf, bytes) = (t.buf.clone(), (t.size() * 4) as u64);
         let gpu = &self.gpu;
         let data = py.detach(|| gpu.read(buf.raw(), 0, bytes));
         let values: Vec<f32> = bytemuck::pod_collect_to_vec(&data);
-        Ok(ArrayD::from_shape_vec(IxDyn(&t.shape), values).unwrap().into_pyarray(py))
+        Ok(ArrayD::from_shape_vec(IxDyn(&t.shape), values)
+            .unwrap()
+            .into_pyarray(py))
     }
 
     /// Submits the recorded work without waiting.
@@ -299,14 +411,21 @@ impl GpuDevice {
     }
 
     /// `x` times each weight; the activations are quantized once per weight format family.
-    fn matmul_many(&self, ws: Vec<PyRef<'_, GpuMatrix>>, x: PyRef<'_, GpuTensor>) -> PyResult<Vec<GpuTensor>> {
+    fn matmul_many(
+        &self,
+        ws: Vec<PyRef<'_, GpuMatrix>>,
+        x: PyRef<'_, GpuTensor>,
+    ) -> PyResult<Vec<GpuTensor>> {
         self.check(&x, Dtype::F32, "matmul's input")?;
         let (n, cols) = x.rows_cols();
         let mut quantized: Vec<ops::QuantizedAct> = Vec::new();
         let mut out = Vec::with_capacity(ws.len());
         for w in &ws {
             if cols != w.cols {
-                return Err(value_error(format!("matmul: input rows of {cols}, weight rows of {}", w.cols)));
+                return Err(value_error(format!(
+                    "matmul: input rows of {cols}, weight rows of {}",
+                    w.cols
+                )));
             }
             let kind = ops::act_kind(w.ggml_type);
             let at = match quantized.iter().position(|q| q.kind == kind) {
@@ -316,7 +435,10 @@ impl GpuDevice {
                     quantized.len() - 1
                 }
             };
-            out.push(self.tensor_of(ops::matmul(&self.gpu, &w.w, &quantized[at]), vec![n, w.rows]));
+            out.push(self.tensor_of(
+                ops::matmul(&self.gpu, &w.w, &quantized[at]),
+                vec![n, w.rows],
+            ));
         }
         Ok(out)
     }
@@ -337,11 +459,29 @@ impl GpuDevice {
         eps: f32,
         n: Option<usize>,
     ) -> PyResult<GpuTensor> {
-        let n = n.or(weight.as_ref().map(|w| w.size())).unwrap_or(*x.shape.last().unwrap_or(&1));
+        let n = n
+            .or(weight.as_ref().map(|w| w.size()))
+            .unwrap_or(*x.shape.last().unwrap_or(&1));
         if n == 0 || !x.size().is_multiple_of(n) {
-            return Err(value_error(format!("rms_norm: {:?} is not rows of {n}", x.shape)));
+            return Err(value_error(format!(
+                "rms_norm: {:?} is not rows of {n}",
+                x.shape
+            )));
         }
-        let out = ops::rms_norm(&self.gpu, &x.buf, x.size() / n, n, weight.as_ref().map(|w| &*w.buf), eps);
+        if n >= 1 << 16 {
+            // norm.wgsl divides the exact sum by n in 16-bit steps
+            return Err(value_error(format!(
+                "rms_norm: rows of {n} elements (at most 65535 on the GPU)"
+            )));
+        }
+        let out = ops::rms_norm(
+            &self.gpu,
+            &x.buf,
+            x.size() / n,
+            n,
+            weight.as_ref().map(|w| &*w.buf),
+            eps,
+        );
         Ok(self.tensor_of(out, x.shape.clone()))
     }
 
@@ -361,21 +501,25 @@ impl GpuDevice {
         self.check(&positions, Dtype::I32, "rope's positions")?;
         let rows = positions.size();
         if rows == 0 || !x.size().is_multiple_of(rows * n_head) {
-            return Err(value_error(format!("rope: {:?} is not {rows} rows of {n_head} heads", x.shape)));
+            return Err(value_error(format!(
+                "rope: {:?} is not {rows} rows of {n_head} heads",
+                x.shape
+            )));
         }
         let head_dim = x.size() / rows / n_head;
         if n_rot > head_dim || !n_rot.is_multiple_of(2) {
-            return Err(value_error(format!("rope: n_rot {n_rot} must be even and <= head_dim {head_dim}")));
+            return Err(value_error(format!(
+                "rope: n_rot {n_rot} must be even and <= head_dim {head_dim}"
+            )));
         }
         let r = Rope {
             n_head,
             head_dim,
             n_rot,
-            base,
-            freq_scale,
             neox,
         };
-        ops::rope(&self.gpu, &x.buf, rows, &positions.buf, &r);
+        let table = self.rope_table(&positions, n_rot, base, freq_scale)?;
+        ops::rope(&self.gpu, &x.buf, rows, &table, &r);
         Ok(())
     }
 
@@ -398,7 +542,10 @@ impl GpuDevice {
     fn add_row(&self, dst: PyRef<'_, GpuTensor>, a: PyRef<'_, GpuTensor>) -> PyResult<()> {
         let m = a.size();
         if m == 0 || !dst.size().is_multiple_of(m) {
-            return Err(value_error(format!("add_row: {:?} is not rows of {m}", dst.shape)));
+            return Err(value_error(format!(
+                "add_row: {:?} is not rows of {m}",
+                dst.shape
+            )));
         }
         self.elementwise(Elementwise::AddRow, &dst, Some(&a), m, 0.0)
     }
@@ -445,7 +592,10 @@ impl GpuDevice {
     fn columns(&self, x: PyRef<'_, GpuTensor>, start: usize, width: usize) -> PyResult<GpuTensor> {
         let (rows, cols) = x.rows_cols();
         if start + width > cols {
-            return Err(value_error(format!("columns {start}..{} of rows of {cols}", start + width)));
+            return Err(value_error(format!(
+                "columns {start}..{} of rows of {cols}",
+                start + width
+            )));
         }
         let out = self.gpu.alloc((rows * width * 4) as u64);
         let spec = CopySpec {
@@ -504,11 +654,19 @@ impl GpuDevice {
                 cache.n_ctx
             )));
         }
-        if q.size() != rows * n_head * hd || k.size() != rows * n_kv * hd || v.size() != k.size() || out.size() != q.size() {
-            return Err(value_error("attention: q, k, v, out do not match the cache's heads"));
+        if q.size() != rows * n_head * hd
+            || k.size() != rows * n_kv * hd
+            || v.size() != k.size()
+            || out.size() != q.size()
+        {
+            return Err(value_error(
+                "attention: q, k, v, out do not match the cache's heads",
+            ));
         }
         if n_kv == 0 || !n_head.is_multiple_of(n_kv) {
-            return Err(value_error(format!("attention: {n_head} heads over {n_kv} KV heads")));
+            return Err(value_error(format!(
+                "attention: {n_head} heads over {n_kv} KV heads"
+            )));
         }
         let spec = AttentionSpec {
             n_rows,
@@ -520,7 +678,17 @@ impl GpuDevice {
             start,
             kq_scale,
         };
-        ops::attention(&self.gpu, &q.buf, &k.buf, &v.buf, &positions.buf, &cache.k, &cache.v, &out.buf, &spec);
+        ops::attention(
+            &self.gpu,
+            &q.buf,
+            &k.buf,
+            &v.buf,
+            &positions.buf,
+            &cache.k,
+            &cache.v,
+            &out.buf,
+            &spec,
+        );
         Ok(())
     }
 
@@ -532,13 +700,18 @@ impl GpuDevice {
         n: usize,
     ) -> PyResult<KvBits<'py>> {
         if n > cache.n_ctx {
-            return Err(value_error(format!("kv_read: {n} positions of {}", cache.n_ctx)));
+            return Err(value_error(format!(
+                "kv_read: {n} positions of {}",
+                cache.n_ctx
+            )));
         }
         let bytes = (n * cache.row_bytes()) as u64;
         let (gpu, c) = (&self.gpu, &*cache);
         let (k, v) = py.detach(|| (gpu.read(c.k.raw(), 0, bytes), gpu.read(c.v.raw(), 0, bytes)));
         let shape = IxDyn(&[n, cache.n_kv, cache.head_dim]);
-        let arr = |b: Vec<u8>| ArrayD::from_shape_vec(shape.clone(), bytemuck::pod_collect_to_vec(&b)).unwrap();
+        let arr = |b: Vec<u8>| {
+            ArrayD::from_shape_vec(shape.clone(), bytemuck::pod_collect_to_vec(&b)).unwrap()
+        };
         Ok((arr(k).into_pyarray(py), arr(v).into_pyarray(py)))
     }
 
@@ -551,23 +724,36 @@ impl GpuDevice {
         v: PyReadonlyArrayDyn<'_, u16>,
     ) -> PyResult<()> {
         let (ks, vs) = (
-            k.as_slice().map_err(|_| value_error("k must be C-contiguous"))?,
-            v.as_slice().map_err(|_| value_error("v must be C-contiguous"))?,
+            k.as_slice()
+                .map_err(|_| value_error("k must be C-contiguous"))?,
+            v.as_slice()
+                .map_err(|_| value_error("v must be C-contiguous"))?,
         );
         let row = cache.n_kv * cache.head_dim;
         if ks.len() != vs.len() || ks.len() % row != 0 || start + ks.len() / row > cache.n_ctx {
-            return Err(value_error("kv_write: k and v must be the same whole rows within the context"));
+            return Err(value_error(
+                "kv_write: k and v must be the same whole rows within the context",
+            ));
         }
         let offset = (start * cache.row_bytes()) as u64;
-        self.gpu.write(cache.k.raw(), offset, bytemuck::cast_slice(ks));
-        self.gpu.write(cache.v.raw(), offset, bytemuck::cast_slice(vs));
+        self.gpu
+            .write(cache.k.raw(), offset, bytemuck::cast_slice(ks));
+        self.gpu
+            .write(cache.v.raw(), offset, bytemuck::cast_slice(vs));
         Ok(())
     }
 
     /// Copies positions 0..n of one cache into another (device to device).
-    fn kv_copy(&self, src: PyRef<'_, GpuKvCache>, dst: PyRef<'_, GpuKvCache>, n: usize) -> PyResult<()> {
+    fn kv_copy(
+        &self,
+        src: PyRef<'_, GpuKvCache>,
+        dst: PyRef<'_, GpuKvCache>,
+        n: usize,
+    ) -> PyResult<()> {
         if src.row_bytes() != dst.row_bytes() || n > src.n_ctx.min(dst.n_ctx) {
-            return Err(value_error("kv_copy: caches of different shapes or too few positions"));
+            return Err(value_error(
+                "kv_copy: caches of different shapes or too few positions",
+            ));
         }
         let bytes = (n * src.row_bytes()) as u64;
         self.gpu.copy(src.k.raw(), 0, dst.k.raw(), 0, bytes);

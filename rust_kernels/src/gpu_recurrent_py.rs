@@ -391,7 +391,9 @@ fn gpu_clone(dev: PyRef<'_, GpuDevice>, x: PyRef<'_, GpuTensor>) -> GpuTensor {
     let out = dev.gpu.alloc((x.size() * 4) as u64);
     dev.gpu
         .copy(x.buf.raw(), 0, out.raw(), 0, (x.size() * 4) as u64);
-    GpuTensor::new(out, x.dtype, x.shape.clone())
+    let mut t = GpuTensor::new(out, x.dtype, x.shape.clone());
+    t.host_ids = x.host_ids.clone();
+    t
 }
 
 /// dst = src (same size; device to device), submitted at once: a later forward call that is

@@ -29,7 +29,7 @@ pub fn rms_norm(x: &[f32], n: usize, w: Option<&[f32]>, eps: f32, out: &mut [f32
 
 /// The angle per rotated pair for one position: `p * freq_scale * base^(-2i/n_rot)`, built by
 /// repeated multiplication in f32 exactly like ggml's rope cache.
-fn rope_angles(pos: f32, n_rot: usize, base: f32, freq_scale: f32) -> Vec<(f32, f32)> {
+pub(crate) fn rope_angles(pos: f32, n_rot: usize, base: f32, freq_scale: f32) -> Vec<(f32, f32)> {
     let theta_scale = base.powf(-2.0 / n_rot as f32);
     let mut theta = pos;
     (0..n_rot / 2)
@@ -82,7 +82,7 @@ fn gelu_tanh(x: f32) -> f32 {
 }
 
 /// ggml's CPU GELU: a 65536-entry table of f16(gelu(f)) indexed by the input rounded to f16.
-fn gelu_table() -> &'static [f32] {
+pub(crate) fn gelu_table() -> &'static [f32] {
     static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
     TABLE.get_or_init(|| {
         (0..=u16::MAX)

@@ -37,6 +37,21 @@ pub struct Kernel {
     pub bindings: &'static [(u32, Access)],
 }
 
+static FMA_PROBE: Kernel = Kernel {
+    name: "fma_probe",
+    sources: &[
+        "@group(0) @binding(0) var<storage, read_write> v: array<f32>;
+@group(0) @binding(1) var<uniform> unused: vec4<u32>;
+@compute @workgroup_size(1)
+fn main() {
+    v[3] = fma(v[0], v[1], v[2]) + f32(unused.x);
+}
+",
+    ],
+    entry: "main",
+    bindings: &[(0, Access::ReadWrite), (1, Access::Uniform)],
+};
+
 /// Pipelines by kernel name and override constants.
 type PipelineCache = HashMap<(&'static str, Vec<(&'static str, u32)>), Arc<Pipeline>>;
 
@@ -82,17 +97,27 @@ pub struct Gpu {
     pipelines: Mutex<PipelineCache>,
     pending: Mutex<Option<wgpu::CommandEncoder>>,
     pool: Pool,
+    /// whether the adapter's WGSL `fma` rounds once (math.wgsl's FUSED_FMA)
+    fused_fma: bool,
+    /// read-only tables uploaded once per device (by name)
+    constants: Mutex<HashMap<&'static str, Arc<GpuBuffer>>>,
     /// bound where a kernel declares a binding that an operation does not use
     pub dummy: wgpu::Buffer,
 }
 
 fn backends(name: Option<&str>) -> Result<wgpu::Backends, String> {
     Ok(match name.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("") | Some("auto") => wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+        None | Some("") | Some("auto") => {
+            wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12
+        }
         Some("vulkan") => wgpu::Backends::VULKAN,
         Some("metal") => wgpu::Backends::METAL,
         Some("dx12") => wgpu::Backends::DX12,
-        Some(other) => return Err(format!("unknown wgpu backend {other:?} (vulkan, metal, dx12)")),
+        Some(other) => {
+            return Err(format!(
+                "unknown wgpu backend {other:?} (vulkan, metal, dx12)"
+            ))
+        }
     })
 }
 
@@ -144,12 +169,22 @@ impl Gpu {
             .filter(|a| {
                 let info = a.get_info();
                 (choice.allow_software || info.device_type != wgpu::DeviceType::Cpu)
-                    && name.as_ref().is_none_or(|n| info.name.to_ascii_lowercase().contains(n))
+                    && name
+                        .as_ref()
+                        .is_none_or(|n| info.name.to_ascii_lowercase().contains(n))
             })
             .max_by_key(|a| rank(&a.get_info()));
         let Some(adapter) = best else {
-            let seen = if found.is_empty() { "none".to_string() } else { found.join("; ") };
-            let soft = if choice.allow_software { "" } else { " (software adapters excluded)" };
+            let seen = if found.is_empty() {
+                "none".to_string()
+            } else {
+                found.join("; ")
+            };
+            let soft = if choice.allow_software {
+                ""
+            } else {
+                " (software adapters excluded)"
+            };
             return Err(format!("no GPU adapter fits{soft}; adapters found: {seen}"));
         };
         let info = adapter.get_info();
@@ -169,20 +204,53 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        let adapter_limit = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let adapter_limit = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
         let software = info.device_type == wgpu::DeviceType::Cpu;
-        Ok(Gpu {
+        let mut gpu = Gpu {
             device,
             queue,
             info,
-            binding_limit: choice.max_binding.map_or(adapter_limit, |m| m.clamp(256, adapter_limit)),
+            binding_limit: choice
+                .max_binding
+                .map_or(adapter_limit, |m| m.clamp(256, adapter_limit)),
             lanes: choice.lanes.unwrap_or(if software { 1 } else { 8 }),
             limits,
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
             pool: Arc::new(Mutex::new(HashMap::new())),
+            fused_fma: true,
+            constants: Mutex::new(HashMap::new()),
             dummy,
-        })
+        };
+        gpu.fused_fma = gpu.probe_fused_fma();
+        Ok(gpu)
+    }
+
+    /// Runs `fma(1 + 2^-12, 1 + 2^-12, -1)` on the device: 2^-11 + 2^-24 when fused, 2^-11 when the
+    /// product is rounded first. The inputs come from a buffer so no compiler can fold them.
+    fn probe_fused_fma(&self) -> bool {
+        let one_plus = 1.0f32 + 2f32.powi(-12);
+        let input = self.upload(bytemuck::cast_slice(&[one_plus, one_plus, -1.0f32, 0.0]));
+        self.dispatch(&FMA_PROBE, &[], &[input.raw()], &[0u8; 16], [1, 1, 1]);
+        let out = self.read(input.raw(), 12, 4);
+        let got = f32::from_le_bytes([out[0], out[1], out[2], out[3]]);
+        got == 2f32.powi(-11) + 2f32.powi(-24)
+    }
+
+    /// The device copy of a constant table, uploaded on first use.
+    pub fn constant(&self, name: &'static str, bytes: impl FnOnce() -> Vec<u8>) -> Arc<GpuBuffer> {
+        let mut tables = self.constants.lock().unwrap();
+        tables
+            .entry(name)
+            .or_insert_with(|| Arc::new(self.upload(&bytes())))
+            .clone()
+    }
+
+    /// Whether the adapter's `fma` is fused; where it is not, shaders compute it in integers.
+    pub fn fused_fma(&self) -> bool {
+        self.fused_fma
     }
 
     pub fn describe(&self) -> String {
@@ -192,7 +260,6 @@ impl Gpu {
     pub fn is_software(&self) -> bool {
         self.info.device_type == wgpu::DeviceType::Cpu
     }
-
 
     /// Threads per weight row in the matmul (each the CPU's float lanes 8 / lanes): 8 on GPUs, 1 on
     /// software adapters, where a barrier costs more than the work it shares. Same bits either way.
@@ -212,10 +279,13 @@ impl Gpu {
             return p.clone();
         }
         let source: String = k.sources.concat();
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(k.name),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        let wants_fma = source.contains("override FUSED_FMA");
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(k.name),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
         let entries: Vec<wgpu::BindGroupLayoutEntry> = k
             .bindings
             .iter()
@@ -234,27 +304,37 @@ impl Gpu {
                 count: None,
             })
             .collect();
-        let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some(k.name),
-            entries: &entries,
-        });
-        let pipeline_layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some(k.name),
-            bind_group_layouts: &[Some(&layout)],
-            immediate_size: 0,
-        });
-        let consts: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(k.name),
-            layout: Some(&pipeline_layout),
-            module: &module,
-            entry_point: Some(k.entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &consts,
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
+        let layout = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(k.name),
+                entries: &entries,
+            });
+        let pipeline_layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(k.name),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+        let mut consts: Vec<(&str, f64)> =
+            constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
+        if wants_fma {
+            consts.push(("FUSED_FMA", f64::from(u32::from(self.fused_fma))));
+        }
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(k.name),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(k.entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &consts,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
         let p = Arc::new(Pipeline { pipeline, layout });
         cache.insert(key, p.clone());
         p
@@ -274,11 +354,13 @@ impl Gpu {
             return;
         }
         let p = self.pipeline(k, constants);
-        let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("params"),
-            contents: params,
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+        let uniform = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: params,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
         let mut storage = buffers.iter();
         let entries: Vec<wgpu::BindGroupEntry> = k
             .bindings
@@ -287,7 +369,10 @@ impl Gpu {
                 binding,
                 resource: match access {
                     Access::Uniform => uniform.as_entire_binding(),
-                    _ => storage.next().expect("a buffer for every storage binding").as_entire_binding(),
+                    _ => storage
+                        .next()
+                        .expect("a buffer for every storage binding")
+                        .as_entire_binding(),
                 },
             })
             .collect();
@@ -299,7 +384,9 @@ impl Gpu {
         let mut pending = self.pending.lock().unwrap();
         let encoder = pending.get_or_insert_with(|| {
             self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") })
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("forward"),
+                })
         });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(k.name),
@@ -319,7 +406,9 @@ impl Gpu {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("tensor"),
                 size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             })
         });
@@ -335,11 +424,15 @@ impl Gpu {
     pub fn upload(&self, data: &[u8]) -> GpuBuffer {
         let mut padded = data.to_vec();
         padded.resize(data.len().max(16).next_multiple_of(4), 0);
-        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("upload"),
-            contents: &padded,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        });
+        let buffer = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("upload"),
+                contents: &padded,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            });
         GpuBuffer {
             buffer: Some(buffer),
             pool: None,
@@ -356,14 +449,23 @@ impl Gpu {
     }
 
     /// Records a device-to-device copy (sizes and offsets multiples of 4).
-    pub fn copy(&self, src: &wgpu::Buffer, src_offset: u64, dst: &wgpu::Buffer, dst_offset: u64, bytes: u64) {
+    pub fn copy(
+        &self,
+        src: &wgpu::Buffer,
+        src_offset: u64,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+        bytes: u64,
+    ) {
         if bytes == 0 {
             return;
         }
         let mut pending = self.pending.lock().unwrap();
         let encoder = pending.get_or_insert_with(|| {
             self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("copy") })
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("copy"),
+                })
         });
         encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
@@ -403,7 +505,8 @@ impl Gpu {
                 timeout: None,
             })
             .expect("device poll");
-        let data = slice.get_mapped_range().expect("mapped read-back range")[..bytes as usize].to_vec();
+        let data =
+            slice.get_mapped_range().expect("mapped read-back range")[..bytes as usize].to_vec();
         staging.unmap();
         data
     }

@@ -14,13 +14,28 @@ static QUANTIZE_ACT: Kernel = Kernel {
     name: "quantize_act",
     sources: &[include_str!("shaders/quantize_act.wgsl")],
     entry: "main",
-    bindings: &[(0, Read), (1, ReadWrite), (2, ReadWrite), (3, ReadWrite), (4, ReadWrite), (5, Uniform)],
+    bindings: &[
+        (0, Read),
+        (1, ReadWrite),
+        (2, ReadWrite),
+        (3, ReadWrite),
+        (4, ReadWrite),
+        (5, Uniform),
+    ],
 };
 static MATMUL: Kernel = Kernel {
     name: "matmul",
-    sources: &[QUANT, include_str!("shaders/matmul.wgsl")],
+    sources: &[QUANT, MATH, include_str!("shaders/matmul.wgsl")],
     entry: "main",
-    bindings: &[(0, Read), (1, Read), (2, Read), (3, Read), (4, Read), (5, ReadWrite), (6, Uniform)],
+    bindings: &[
+        (0, Read),
+        (1, Read),
+        (2, Read),
+        (3, Read),
+        (4, Read),
+        (5, ReadWrite),
+        (6, Uniform),
+    ],
 };
 static GET_ROWS: Kernel = Kernel {
     name: "get_rows",
@@ -30,14 +45,14 @@ static GET_ROWS: Kernel = Kernel {
 };
 static RMS_NORM: Kernel = Kernel {
     name: "rms_norm",
-    sources: &[include_str!("shaders/norm.wgsl")],
+    sources: &[MATH, include_str!("shaders/norm.wgsl")],
     entry: "main",
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
 };
 const MATH: &str = include_str!("shaders/math.wgsl");
 static ROPE: Kernel = Kernel {
     name: "rope",
-    sources: &[include_str!("shaders/rope.wgsl")],
+    sources: &[MATH, include_str!("shaders/rope.wgsl")],
     entry: "main",
     bindings: &[(0, ReadWrite), (1, Read), (2, Uniform)],
 };
@@ -45,7 +60,13 @@ static ELEMENTWISE: Kernel = Kernel {
     name: "elementwise",
     sources: &[MATH, include_str!("shaders/elementwise.wgsl")],
     entry: "main",
-    bindings: &[(0, ReadWrite), (1, Read), (2, Read), (3, Uniform)],
+    bindings: &[
+        (0, ReadWrite),
+        (1, Read),
+        (2, Read),
+        (3, Uniform),
+        (4, Read),
+    ],
 };
 static COPY: Kernel = Kernel {
     name: "copy",
@@ -58,7 +79,13 @@ static KV_STORE: Kernel = Kernel {
     name: "kv_store",
     sources: &[MATH, ATTENTION],
     entry: "store",
-    bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, ReadWrite), (6, Uniform)],
+    bindings: &[
+        (0, Read),
+        (1, Read),
+        (2, ReadWrite),
+        (3, ReadWrite),
+        (6, Uniform),
+    ],
 };
 static ATTEND: Kernel = Kernel {
     name: "attend",
@@ -172,7 +199,14 @@ pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
         gpu.dispatch(
             &MATMUL,
             &[("FMT", w.ggml_type), ("LANES", lanes)],
-            &[buf.raw(), x.xq.raw(), x.xd.raw(), x.xs.raw(), x.xh.raw(), out.raw()],
+            &[
+                buf.raw(),
+                x.xq.raw(),
+                x.xd.raw(),
+                x.xs.raw(),
+                x.xh.raw(),
+                out.raw(),
+            ],
             bytes_of(&p),
             [gx, gy, n.div_ceil(8) as u32],
         );
@@ -184,9 +218,21 @@ pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
 pub fn get_rows(gpu: &Gpu, w: &GpuWeight, ids: &GpuBuffer, n: usize) -> GpuBuffer {
     let out = gpu.alloc((n * w.cols * 4) as u64);
     let sub_groups = w.cols.div_ceil(32).div_ceil(64) as u32;
-    let (gy, gz) = ((n as u32).clamp(1, MAX_GROUPS), (n as u32).div_ceil(MAX_GROUPS));
+    let (gy, gz) = (
+        (n as u32).clamp(1, MAX_GROUPS),
+        (n as u32).div_ceil(MAX_GROUPS),
+    );
     for (buf, row0, rows) in &w.chunks {
-        let p = params8([*rows as u32, w.cols as u32, w.row_bytes as u32, n as u32, *row0 as u32, 0, 0, 0]);
+        let p = params8([
+            *rows as u32,
+            w.cols as u32,
+            w.row_bytes as u32,
+            n as u32,
+            *row0 as u32,
+            0,
+            0,
+            0,
+        ]);
         gpu.dispatch(
             &GET_ROWS,
             &[("FMT", w.ggml_type)],
@@ -199,12 +245,34 @@ pub fn get_rows(gpu: &Gpu, w: &GpuWeight, ids: &GpuBuffer, n: usize) -> GpuBuffe
 }
 
 /// RMSNorm of `rows` rows of `n` elements, times `weight` (length n) when given.
-pub fn rms_norm(gpu: &Gpu, x: &GpuBuffer, rows: usize, n: usize, weight: Option<&GpuBuffer>, eps: f32) -> GpuBuffer {
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &GpuBuffer,
+    rows: usize,
+    n: usize,
+    weight: Option<&GpuBuffer>,
+    eps: f32,
+) -> GpuBuffer {
     let out = gpu.alloc((rows * n * 4) as u64);
     let (gx, gy) = groups_wrapped(rows);
-    let p = params8([n as u32, rows as u32, eps.to_bits(), u32::from(weight.is_some()), gx, 0, 0, 0]);
+    let p = params8([
+        n as u32,
+        rows as u32,
+        eps.to_bits(),
+        u32::from(weight.is_some()),
+        gx,
+        0,
+        0,
+        0,
+    ]);
     let w = weight.map_or(&gpu.dummy, GpuBuffer::raw);
-    gpu.dispatch(&RMS_NORM, &[], &[x.raw(), w, out.raw()], bytes_of(&p), [gx, gy, 1]);
+    gpu.dispatch(
+        &RMS_NORM,
+        &[],
+        &[x.raw(), w, out.raw()],
+        bytes_of(&p),
+        [gx, gy, 1],
+    );
     out
 }
 
@@ -213,13 +281,12 @@ pub struct Rope {
     pub n_head: usize,
     pub head_dim: usize,
     pub n_rot: usize,
-    pub base: f32,
-    pub freq_scale: f32,
     pub neox: bool,
 }
 
-/// RoPE in place on `rows` rows of n_head × head_dim; `positions` holds one i32 per row.
-pub fn rope(gpu: &Gpu, x: &GpuBuffer, rows: usize, positions: &GpuBuffer, r: &Rope) {
+/// RoPE in place on `rows` rows of n_head × head_dim; `table` holds each row's (cos, sin) per
+/// rotated pair.
+pub fn rope(gpu: &Gpu, x: &GpuBuffer, rows: usize, table: &GpuBuffer, r: &Rope) {
     let total = rows * r.n_head * (r.n_rot / 2);
     let (gx, gy) = groups_1d(total);
     let p = params8([
@@ -227,13 +294,18 @@ pub fn rope(gpu: &Gpu, x: &GpuBuffer, rows: usize, positions: &GpuBuffer, r: &Ro
         r.head_dim as u32,
         r.n_rot as u32,
         u32::from(r.neox),
-        // the CPU's theta_scale: powf in f32 on the host
-        r.base.powf(-2.0 / r.n_rot as f32).to_bits(),
-        r.freq_scale.to_bits(),
+        0,
+        0,
         total as u32,
         gx,
     ]);
-    gpu.dispatch(&ROPE, &[], &[x.raw(), positions.raw()], bytes_of(&p), [gx, gy, 1]);
+    gpu.dispatch(
+        &ROPE,
+        &[],
+        &[x.raw(), table.raw()],
+        bytes_of(&p),
+        [gx, gy, 1],
+    );
 }
 
 /// The element-wise operations of elementwise.wgsl.
@@ -263,8 +335,24 @@ pub fn elementwise(
 ) {
     let (gx, gy) = groups_1d(n);
     let p = [n as u32, m as u32, s.to_bits(), gx];
-    let (a, b) = (a.map_or(&gpu.dummy, GpuBuffer::raw), b.map_or(&gpu.dummy, GpuBuffer::raw));
-    gpu.dispatch(&ELEMENTWISE, &[("OP", op as u32)], &[dst.raw(), a, b], bytes_of(&p), [gx, gy, 1]);
+    let (a, b) = (
+        a.map_or(&gpu.dummy, GpuBuffer::raw),
+        b.map_or(&gpu.dummy, GpuBuffer::raw),
+    );
+    let table = match op {
+        Elementwise::Geglu => Some(gpu.constant("gelu_table", || {
+            bytemuck::cast_slice(crate::ops::gelu_table()).to_vec()
+        })),
+        _ => None,
+    };
+    let table_raw = table.as_deref().map_or(&gpu.dummy, GpuBuffer::raw);
+    gpu.dispatch(
+        &ELEMENTWISE,
+        &[("OP", op as u32)],
+        &[dst.raw(), a, b, table_raw],
+        bytes_of(&p),
+        [gx, gy, 1],
+    );
 }
 
 /// Where `copy` reads and writes: rows `ids` (or 0..rows) of `src`, columns src_col0.., into
@@ -291,7 +379,13 @@ pub fn copy(gpu: &Gpu, src: &GpuBuffer, ids: Option<&GpuBuffer>, dst: &GpuBuffer
         gx,
     ]);
     let ids = ids.map_or(&gpu.dummy, GpuBuffer::raw);
-    gpu.dispatch(&COPY, &[], &[src.raw(), ids, dst.raw()], bytes_of(&p), [gx, gy, 1]);
+    gpu.dispatch(
+        &COPY,
+        &[],
+        &[src.raw(), ids, dst.raw()],
+        bytes_of(&p),
+        [gx, gy, 1],
+    );
 }
 
 /// One attention call: a sequence's rows row0..row0+n_rows of the batch.
@@ -313,7 +407,12 @@ struct AttentionParams {
     v: [u32; 12],
 }
 
-fn attention_params(a: &AttentionSpec, row0: usize, n_rows: usize, n_ctx: usize) -> AttentionParams {
+fn attention_params(
+    a: &AttentionSpec,
+    row0: usize,
+    n_rows: usize,
+    n_ctx: usize,
+) -> AttentionParams {
     AttentionParams {
         v: [
             n_rows as u32,
@@ -349,7 +448,13 @@ pub fn attention(
     let n_keys = a.start + a.n_rows;
     let (gx, gy) = groups_1d(a.n_rows * a.n_kv * a.head_dim / 2);
     let p = attention_params(a, a.row0, a.n_rows, n_keys);
-    gpu.dispatch(&KV_STORE, &[], &[k.raw(), v.raw(), kc.raw(), vc.raw()], bytes_of(&p), [gx, gy, 1]);
+    gpu.dispatch(
+        &KV_STORE,
+        &[],
+        &[k.raw(), v.raw(), kc.raw(), vc.raw()],
+        bytes_of(&p),
+        [gx, gy, 1],
+    );
     // scores live in a scratch buffer of rows x heads x keys: split the rows so it fits a binding
     let per_row = (a.n_head * n_keys * 4) as u64;
     let block = ((gpu.max_binding() / per_row) as usize).clamp(1, a.n_rows.max(1));
@@ -361,7 +466,15 @@ pub fn attention(
         gpu.dispatch(
             &ATTEND,
             &[],
-            &[q.raw(), kc.raw(), vc.raw(), out.raw(), scratch.raw(), positions.raw(), group_sums.raw()],
+            &[
+                q.raw(),
+                kc.raw(),
+                vc.raw(),
+                out.raw(),
+                scratch.raw(),
+                positions.raw(),
+                group_sums.raw(),
+            ],
             bytes_of(&p),
             [rows as u32, a.n_head as u32, 1],
         );

@@ -18,23 +18,38 @@ pub struct GpuWeight {
 }
 
 impl GpuWeight {
-    pub fn upload(gpu: &Gpu, ggml_type: u32, data: &[u8], rows: usize, cols: usize) -> Result<Self, String> {
+    pub fn upload(
+        gpu: &Gpu,
+        ggml_type: u32,
+        data: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, String> {
         if !GPU_TYPES.contains(&ggml_type) {
             return Err(format!("ggml type {ggml_type} has no GPU kernel"));
         }
         if rows == 0 || !data.len().is_multiple_of(rows) {
-            return Err(format!("{} bytes do not hold {rows} equal rows", data.len()));
+            return Err(format!(
+                "{} bytes do not hold {rows} equal rows",
+                data.len()
+            ));
         }
         let row_bytes = data.len() / rows;
         let per_chunk = (gpu.max_binding() as usize / row_bytes).min(rows);
         if per_chunk == 0 {
-            return Err(format!("one row of {row_bytes} bytes exceeds the adapter's binding limit"));
+            return Err(format!(
+                "one row of {row_bytes} bytes exceeds the adapter's binding limit"
+            ));
         }
         let chunks = (0..rows)
             .step_by(per_chunk)
             .map(|r0| {
                 let n = per_chunk.min(rows - r0);
-                (gpu.upload(&data[r0 * row_bytes..(r0 + n) * row_bytes]), r0, n)
+                (
+                    gpu.upload(&data[r0 * row_bytes..(r0 + n) * row_bytes]),
+                    r0,
+                    n,
+                )
             })
             .collect();
         Ok(GpuWeight {

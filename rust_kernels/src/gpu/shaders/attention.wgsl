@@ -96,8 +96,8 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         for (var c = 0u; c < hd / 8u; c++) {
             for (var l = 0u; l < 8u; l += 2u) {
                 let k2 = unpack2x16float(kc[j * words + kvo + 4u * c + l / 2u]);
-                lanes[l] = fma(k2.x, to_f16(q[qo + 8u * c + l]), lanes[l]);
-                lanes[l + 1u] = fma(k2.y, to_f16(q[qo + 8u * c + l + 1u]), lanes[l + 1u]);
+                lanes[l] = fma_exact(k2.x, to_f16(q[qo + 8u * c + l]), lanes[l]);
+                lanes[l + 1u] = fma_exact(k2.y, to_f16(q[qo + 8u * c + l + 1u]), lanes[l + 1u]);
             }
         }
         let s = hsum8(lanes) * p.kq_scale;
@@ -140,7 +140,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 let j = 8u * g + l;
                 if j >= first && j <= qpos {
                     let v2 = unpack2x16float(vc[j * words + kvo + d / 2u]);
-                    lanes[l] = fma(to_f16(scratch[so + j] * inv), select(v2.x, v2.y, (d & 1u) == 1u), lanes[l]);
+                    lanes[l] = fma_exact(to_f16(scratch[so + j] * inv), select(v2.x, v2.y, (d & 1u) == 1u), lanes[l]);
                 }
             }
         }

@@ -17,9 +17,11 @@ struct Params {
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
+// OP 4: ggml's GELU table, the CPU kernel's own (65536 f16 values as f32, by f16 bit pattern)
+@group(0) @binding(4) var<storage, read> gelu_table: array<f32>;
 
 // ggml's CPU GELU: the tanh approximation looked up at the input rounded to f16, stored as f16;
-// the identity past 10, zero below -10.
+// the identity past 10, zero below -10. The table comes from the host: a shader's tanh differs.
 fn gelu(x: f32) -> f32 {
     if x <= -10.0 {
         return 0.0;
@@ -27,9 +29,7 @@ fn gelu(x: f32) -> f32 {
     if x >= 10.0 {
         return x;
     }
-    let h = to_f16(x);
-    let c = 0.7978846;
-    return to_f16(0.5 * h * (1.0 + tanh(c * h * fma(0.044715 * h, h, 1.0))));
+    return gelu_table[pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu];
 }
 
 fn silu(x: f32) -> f32 {

@@ -1,5 +1,181 @@
 // Scalar helpers shared by several kernels; they reproduce the CPU kernels' float operations.
 
+// 1 where the adapter's `fma` is fused (one rounding), as the CPU's is; 0 where it rounds the
+// product first (Mesa's lavapipe does): then `fma_exact` computes the fused result in integers.
+// The device probes this once when it opens.
+override FUSED_FMA: u32 = 1u;
+
+// Unsigned 64-bit integers as vec2<u32>(high word, low word).
+fn u64_add(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let lo = a.y + b.y;
+    return vec2<u32>(a.x + b.x + select(0u, 1u, lo < a.y), lo);
+}
+
+fn u64_sub(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    return vec2<u32>(a.x - b.x - select(0u, 1u, a.y < b.y), a.y - b.y);
+}
+
+fn u64_less(a: vec2<u32>, b: vec2<u32>) -> bool {
+    return a.x < b.x || (a.x == b.x && a.y < b.y);
+}
+
+fn u64_clz(a: vec2<u32>) -> u32 {
+    return select(32u + countLeadingZeros(a.y), countLeadingZeros(a.x), a.x != 0u);
+}
+
+fn u64_shl(a: vec2<u32>, s: u32) -> vec2<u32> {
+    if s == 0u {
+        return a;
+    }
+    if s >= 64u {
+        return vec2<u32>(0u, 0u);
+    }
+    if s >= 32u {
+        return vec2<u32>(a.y << (s - 32u), 0u);
+    }
+    return vec2<u32>((a.x << s) | (a.y >> (32u - s)), a.y << s);
+}
+
+// a >> s, truncating
+fn u64_shr(a: vec2<u32>, s: u32) -> vec2<u32> {
+    if s == 0u {
+        return a;
+    }
+    if s >= 64u {
+        return vec2<u32>(0u, 0u);
+    }
+    if s >= 32u {
+        return vec2<u32>(0u, a.x >> (s - 32u));
+    }
+    return vec2<u32>(a.x >> s, (a.y >> s) | (a.x << (32u - s)));
+}
+
+// a >> s with every bit shifted out OR-ed into bit 0 (the sticky bit of IEEE rounding)
+fn u64_shr_sticky(a: vec2<u32>, s: u32) -> vec2<u32> {
+    var r = u64_shr(a, s);
+    if any(u64_shl(r, s) != a) {
+        r.y |= 1u;
+    }
+    return r;
+}
+
+// |v| = mant * 2^exp for a finite f32 (mant < 2^24; subnormals keep exponent -149)
+struct Unpacked {
+    mant: u32,
+    exp: i32,
+    neg: bool,
+}
+
+fn unpack_f32(v: f32) -> Unpacked {
+    let bits = bitcast<u32>(v);
+    let e = (bits >> 23u) & 0xffu;
+    let m = bits & 0x7fffffu;
+    if e == 0u {
+        return Unpacked(m, -149, (bits >> 31u) != 0u);
+    }
+    return Unpacked(m | 0x800000u, i32(e) - 150, (bits >> 31u) != 0u);
+}
+
+// The f32 nearest to (-1)^neg * s * 2^e (ties to even), subnormals and overflow included.
+fn round_to_f32(s: vec2<u32>, e: i32, neg: bool) -> f32 {
+    let sign = select(0u, 0x80000000u, neg);
+    if all(s == vec2<u32>(0u, 0u)) {
+        return bitcast<f32>(sign);
+    }
+    let top = 63 - i32(u64_clz(s));
+    // keep 24 bits, or fewer where the result is subnormal (biased exponent e + k + 150 >= 1)
+    let k = max(top - 23, -149 - e);
+    var q: u32;
+    var ex = e + k;
+    if k <= 0 {
+        q = u64_shl(s, u32(-k)).y;
+    } else if k >= 64 {
+        return bitcast<f32>(sign);
+    } else {
+        let t = u64_shr(s, u32(k));
+        let rem = u64_sub(s, u64_shl(t, u32(k)));
+        let half = u64_shl(vec2<u32>(0u, 1u), u32(k - 1));
+        q = t.y;
+        if u64_less(half, rem) || (all(rem == half) && (q & 1u) == 1u) {
+            q += 1u;
+        }
+        if q == 0x1000000u {
+            q = 0x800000u;
+            ex += 1;
+        }
+    }
+    if q < 0x800000u {
+        return bitcast<f32>(sign | q);  // subnormal (or the rounding made it the least normal)
+    }
+    let biased = ex + 150;
+    if biased >= 255 {
+        return bitcast<f32>(sign | 0x7f800000u);
+    }
+    return bitcast<f32>(sign | (u32(biased) << 23u) | (q & 0x7fffffu));
+}
+
+// a * b + c rounded once, computed in integers (exact on any adapter).
+fn fma_soft(a: f32, b: f32, c: f32) -> f32 {
+    let ua = unpack_f32(a);
+    let ub = unpack_f32(b);
+    let uc = unpack_f32(c);
+    let special = ((bitcast<u32>(a) >> 23u) & 0xffu) == 0xffu || ((bitcast<u32>(b) >> 23u) & 0xffu) == 0xffu
+        || ((bitcast<u32>(c) >> 23u) & 0xffu) == 0xffu;
+    if special || ua.mant == 0u || ub.mant == 0u {
+        return a * b + c;  // inf/NaN, or a zero product: one rounding at most
+    }
+    // the 48-bit product from 12-bit halves
+    let ah = ua.mant >> 12u;
+    let al = ua.mant & 0xfffu;
+    let bh = ub.mant >> 12u;
+    let bl = ub.mant & 0xfffu;
+    let hh = ah * bh;
+    let mid = ah * bl + al * bh;
+    var p = u64_add(vec2<u32>(hh >> 8u, hh << 24u), vec2<u32>(mid >> 20u, mid << 12u));
+    p = u64_add(p, vec2<u32>(0u, al * bl));
+    if uc.mant == 0u {
+        return round_to_f32(p, ua.exp + ub.exp, ua.neg != ub.neg);
+    }
+    // both operands with their top bit at 61 (two bits of headroom for the carry)
+    let sp = u64_clz(p) - 2u;
+    var x = u64_shl(p, sp);
+    var ex = ua.exp + ub.exp - i32(sp);
+    var nx = ua.neg != ub.neg;
+    let sc = u64_clz(vec2<u32>(0u, uc.mant)) - 2u;
+    var y = u64_shl(vec2<u32>(0u, uc.mant), sc);
+    var ey = uc.exp - i32(sc);
+    var ny = uc.neg;
+    if ey > ex {
+        let t = x;
+        x = y;
+        y = t;
+        let te = ex;
+        ex = ey;
+        ey = te;
+        let tn = nx;
+        nx = ny;
+        ny = tn;
+    }
+    // x's low bits are zero, so the sticky bit keeps every rounding decision of the exact sum
+    y = u64_shr_sticky(y, u32(min(ex - ey, 64)));
+    if nx == ny {
+        return round_to_f32(u64_add(x, y), ex, nx);
+    }
+    if u64_less(x, y) {
+        return round_to_f32(u64_sub(y, x), ex, ny);
+    }
+    let d = u64_sub(x, y);
+    return round_to_f32(d, ex, nx && any(d != vec2<u32>(0u, 0u)));
+}
+
+// The CPU's fused multiply-add, bit for bit on every adapter.
+fn fma_exact(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED_FMA != 0u {
+        return fma(a, b, c);
+    }
+    return fma_soft(a, b, c);
+}
+
 fn to_f16(v: f32) -> f32 {
     return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
 }
@@ -9,17 +185,17 @@ fn to_f16(v: f32) -> f32 {
 // may fold `(a + r) - r` to `a`, so the rounding is spelled out (round half to even, as the trick).
 fn expf_ggml(x: f32) -> f32 {
     let n = round(x * bitcast<f32>(0x3fb8aa3bu));
-    let b = fma(-n, bitcast<f32>(0x35bfbe8eu), fma(-n, bitcast<f32>(0x3f317200u), x));
+    let b = fma_exact(-n, bitcast<f32>(0x35bfbe8eu), fma_exact(-n, bitcast<f32>(0x3f317200u), x));
     let e = bitcast<u32>(i32(n)) << 23u;
     let k = bitcast<f32>(e + 0x3f800000u);
     let u = b * b;
-    let j = fma(
-        fma(fma(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
-            fma(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))),
+    let j = fma_exact(
+        fma_exact(fma_exact(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
+            fma_exact(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))),
         u,
         bitcast<f32>(0x3f7ffff6u) * b);
     if abs(n) <= 126.0 {
-        return fma(j, k, k);
+        return fma_exact(j, k, k);
     }
     let g = select(0u, 0x82000000u, n <= 0.0);
     let s1 = bitcast<f32>(g + 0x7f000000u);
@@ -27,5 +203,5 @@ fn expf_ggml(x: f32) -> f32 {
     if abs(n) > 192.0 {
         return s1 * s1;
     }
-    return fma(s2, j, s2) * s1;
+    return fma_exact(s2, j, s2) * s1;
 }

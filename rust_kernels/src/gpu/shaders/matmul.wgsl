@@ -115,7 +115,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                                 lane += sc[c] * dot(qs[c], vec4<i32>(xq[8u * (a0 + c) + k]));
                             }
                             let yd = xd[a0];
-                            acc[8u * b + kk] = fma(dw * yd, f32(lane), acc[8u * b + kk]);
+                            acc[8u * b + kk] = fma_exact(dw * yd, f32(lane), acc[8u * b + kk]);
                             if FMT != T_Q6_K && (k < 4u && FMT == T_Q4_K || k == 0u) {
                                 // mins: lane l < 4 holds sub-blocks 2l, 2l+1 (Q4_K); Q5_K all in lane 0
                                 let dmin = -yd * f16_at(blk + 2u);
@@ -129,7 +129,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                                 if FMT == T_Q5_K {
                                     term = (prod[0] + prod[1]) + (prod[2] + prod[3]);
                                 }
-                                mins[8u * b + kk] = fma(dmin, f32(term), mins[8u * b + kk]);
+                                mins[8u * b + kk] = fma_exact(dmin, f32(term), mins[8u * b + kk]);
                             }
                         }
                     }
@@ -147,7 +147,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                         if b < n_b {
                             let a = (b0 + b) * p.n_sub + c;
                             let i = 8u * b + kk;
-                            acc[i] = fma(dw * xd[a], f32(dot(q, vec4<i32>(xq[8u * a + k]))), acc[i]);
+                            acc[i] = fma_exact(dw * xd[a], f32(dot(q, vec4<i32>(xq[8u * a + k]))), acc[i]);
                             if with_min && k == 0u {
                                 mins[i] += mw * xs[a];
                             }

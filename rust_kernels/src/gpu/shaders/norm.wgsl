@@ -1,5 +1,15 @@
 // RMSNorm of each row of n elements, times a weight of length n (or not):
-// y = x * (1 / sqrt(mean(x^2) + eps)) * w. One workgroup per row; a fixed tree sums the squares.
+// y = x * (1 / sqrt(mean(x^2) + eps)) * w. One workgroup per row.
+//
+// The CPU (as ggml) squares in f32 and sums the squares in f64, which shaders lack. Here each
+// square is added exactly into a 320-bit fixed-point integer (unit 2^-149, the least f32), the
+// threads' integers are joined exactly, and the mean is rounded to f32 once. That equals the
+// CPU's f32 mean unless its f64 sum's rounding errors (< n * 2^-53 relative) straddle an f32
+// rounding point: about n * 2^-29 of rows (1e-6 for n = 640). Exact integer sums also make the
+// result independent of the thread count and of the compiler's float reassociation.
+// Needs math.wgsl (u64 helpers, round_to_f32).
+
+const LIMBS: u32 = 10u;
 
 struct Params {
     n: u32,
@@ -17,30 +27,121 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
-var<workgroup> partial: array<f32, 64>;
+var<workgroup> partial: array<u32, 640>;  // 64 threads x LIMBS
+var<workgroup> nonfinite: array<f32, 64>;  // the plain sum of inf/NaN squares (the CPU's result then)
+var<workgroup> row_scale: f32;
+
+// acc += v << shift at limb `limb` (v < 2^32, shift < 32), carrying through the higher limbs
+fn add_at(acc: ptr<function, array<u32, 10>>, limb: u32, v: u32, shift: u32) {
+    let lo = v << shift;
+    let s = (*acc)[limb] + lo;
+    (*acc)[limb] = s;
+    var carry = select(0u, 1u, s < lo);
+    var add = select(0u, v >> (32u - shift), shift > 0u);
+    for (var i = limb + 1u; i < LIMBS && (add | carry) != 0u; i++) {
+        let t = (*acc)[i] + add;
+        let t2 = t + carry;
+        carry = select(0u, 1u, t < add) + select(0u, 1u, t2 < t);
+        (*acc)[i] = t2;
+        add = 0u;
+    }
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wg.x + wg.y * p.groups_x;
-    var sum = 0.0;
+    var acc: array<u32, 10>;
+    for (var l = 0u; l < LIMBS; l++) {
+        acc[l] = 0u;
+    }
+    var bad = 0.0;
     if row < p.rows {
         for (var i = lid; i < p.n; i += 64u) {
             let v = x[row * p.n + i];
-            sum = fma(v, v, sum);
+            let sq = v * v;
+            let u = unpack_f32(sq);
+            if ((bitcast<u32>(sq) >> 23u) & 0xffu) == 0xffu {
+                bad += sq;
+            } else if u.mant != 0u {
+                let at = u32(u.exp + 149);  // bit offset of the mantissa in units of 2^-149
+                add_at(&acc, at / 32u, u.mant, at % 32u);
+            }
         }
     }
-    partial[lid] = sum;
+    for (var l = 0u; l < LIMBS; l++) {
+        partial[lid * LIMBS + l] = acc[l];
+    }
+    nonfinite[lid] = bad;
     workgroupBarrier();
     for (var stride = 32u; stride > 0u; stride >>= 1u) {
         if lid < stride {
-            partial[lid] += partial[lid + stride];
+            var carry = 0u;
+            for (var l = 0u; l < LIMBS; l++) {
+                let a = partial[lid * LIMBS + l];
+                let b = partial[(lid + stride) * LIMBS + l];
+                let s = a + b;
+                let s2 = s + carry;
+                carry = select(0u, 1u, s < a) + select(0u, 1u, s2 < s);
+                partial[lid * LIMBS + l] = s2;
+            }
+            nonfinite[lid] += nonfinite[lid + stride];
         }
         workgroupBarrier();
     }
+    if lid == 0u {
+        // the top 64 bits of the sum (the lower ones only as "some"), divided by n in 16-bit steps
+        var top = -1;
+        for (var l = 0u; l < LIMBS; l++) {
+            if partial[l] != 0u {
+                top = i32(32u * l + 31u - countLeadingZeros(partial[l]));
+            }
+        }
+        var mean = 0.0;
+        if top >= 0 {
+            // the sum's 64 leading bits (value t * 2^e; lower bits only as "some were lost"),
+            // then t / n in 16-bit steps: a quotient of >= 47 bits plus a sticky bit
+            let shift = top - 63;
+            var t = vec2<u32>(0u, 0u);
+            var lost = false;
+            for (var l = 0u; l < LIMBS; l++) {
+                let base = i32(32u * l) - shift;  // where limb l's bit 0 lands in t
+                let w = partial[l];
+                if w == 0u || base >= 64 {
+                    continue;
+                }
+                if base >= 0 {
+                    t = u64_add(t, u64_shl(vec2<u32>(0u, w), u32(base)));
+                } else if base > -32 {
+                    t = u64_add(t, vec2<u32>(0u, w >> u32(-base)));
+                    lost = lost || (w << u32(32 + base)) != 0u;
+                } else {
+                    lost = true;
+                }
+            }
+            let t16 = array<u32, 4>(t.x >> 16u, t.x & 0xffffu, t.y >> 16u, t.y & 0xffffu);
+            var q: array<u32, 4>;
+            var r = 0u;
+            for (var d = 0u; d < 4u; d++) {
+                let cur = (r << 16u) | t16[d];
+                q[d] = cur / p.n;
+                r = cur % p.n;
+            }
+            var qs = vec2<u32>((q[0] << 16u) | q[1], (q[2] << 16u) | q[3]);
+            if r != 0u || lost {
+                qs.y |= 1u;
+            }
+            mean = round_to_f32(qs, -149 + shift, false);
+        }
+        if (bitcast<u32>(nonfinite[0]) & 0x7f800000u) == 0x7f800000u {
+            mean = nonfinite[0];
+        }
+        row_scale = 1.0 / sqrt(mean + p.eps);
+    }
+    workgroupBarrier();
     if row >= p.rows {
         return;
     }
-    let scale = 1.0 / sqrt(partial[0] / f32(p.n) + p.eps);
+    let scale = row_scale;
     for (var i = lid; i < p.n; i += 64u) {
         var v = x[row * p.n + i] * scale;
         if p.has_weight != 0u {
