@@ -14,7 +14,7 @@ use crate::{value_error, QMatrix};
 
 /// f32 values, or i32 ids/positions (both 4 bytes a value).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Dtype {
+pub(crate) enum Dtype {
     F32,
     I32,
 }
@@ -22,21 +22,21 @@ enum Dtype {
 /// A tensor in device memory (row-major). `reshape` shares the buffer, like a numpy view.
 #[pyclass(frozen, module = "hyserve_kernels")]
 pub struct GpuTensor {
-    buf: Arc<GpuBuffer>,
-    dtype: Dtype,
+    pub(crate) buf: Arc<GpuBuffer>,
+    pub(crate) dtype: Dtype,
     #[pyo3(get)]
-    shape: Vec<usize>,
+    pub(crate) shape: Vec<usize>,
 }
 
 impl GpuTensor {
-    fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.shape.iter().product()
     }
     fn rows_cols(&self) -> (usize, usize) {
         let cols = *self.shape.last().unwrap_or(&1);
         (self.size() / cols.max(1), cols)
     }
-    fn new(buf: GpuBuffer, dtype: Dtype, shape: Vec<usize>) -> Self {
+    pub(crate) fn new(buf: GpuBuffer, dtype: Dtype, shape: Vec<usize>) -> Self {
         Self {
             buf: Arc::new(buf),
             dtype,
@@ -143,7 +143,7 @@ type KvBits<'py> = (Bound<'py, PyArrayDyn<u16>>, Bound<'py, PyArrayDyn<u16>>);
 /// A wgpu device with the model's kernels.
 #[pyclass(frozen, module = "hyserve_kernels")]
 pub struct GpuDevice {
-    gpu: Arc<Gpu>,
+    pub(crate) gpu: Arc<Gpu>,
 }
 
 fn f32_bytes(a: &PyReadonlyArrayDyn<'_, f32>) -> PyResult<Vec<u8>> {

@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod cancel;
 pub mod gpu;
+mod gpu_moe_py;
 mod gpu_py;
 pub mod matmul;
 pub mod moe;
@@ -731,5 +732,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<moe_py::MoeFfn>()?;
     // the GPU path (wgpu)
     gpu_py::register(m)?;
+    m.add_class::<gpu_moe_py::GpuMoeFfn>()?;
     Ok(())
 }
