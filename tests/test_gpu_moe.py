@@ -86,12 +86,9 @@ def test_routing_matches_the_cpu_on_the_same_logits(gpu_device, n_expert: int, k
     got_ids, got_w = gpu.route_logits(gpu_device.tensor(logits))
     np.testing.assert_array_equal(got_ids, want_ids)
     assert got_ids.dtype == np.int32 and got_w.dtype == np.float32
-    if n_expert % 8 == 0:
-        # the softmax's f64 sum, the reciprocal, the renormalisation: the CPU's bits
-        np.testing.assert_array_equal(got_w, want_w)
-    else:
-        # the tail takes libm's expf on the CPU, the shader's exp here
-        np.testing.assert_allclose(got_w, want_w, rtol=1e-6)
+    # the f64 sums and the divisions are the CPU's (emulated exactly); the exponentials may differ
+    # in the last bit (adapters that do not fuse fma; libm's expf on the CPU for a tail past 8)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-6)
     # through the router product (the identity) as well
     np.testing.assert_array_equal(gpu.route(gpu_device.tensor(logits))[0], want_ids)
 

@@ -8,6 +8,7 @@ pub mod cancel;
 pub mod gpu;
 mod gpu_moe_py;
 mod gpu_py;
+mod gpu_timing_py;
 pub mod matmul;
 pub mod moe;
 mod moe_py;
@@ -733,5 +734,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // the GPU path (wgpu)
     gpu_py::register(m)?;
     m.add_class::<gpu_moe_py::GpuMoeFfn>()?;
+    m.add_class::<gpu_timing_py::GpuTimestamps>()?;
     Ok(())
 }

@@ -7,8 +7,7 @@
 //   combine: the weighted sum of each row's expert outputs in slot order, plus the shared expert.
 // The CPU sums in f64 in two places (the softmax's sum, the renormalisation's sum); WGSL has no
 // f64, so those sums are done in an integer emulation of f64 (non-negative values only), rounded
-// as the CPU rounds them. Divisions are corrected to the correctly rounded quotient (WGSL's `/`
-// may be off by 2.5 ulp). Needs math.wgsl.
+// as the CPU rounds them; divisions are exact the same way (div_rn). Needs math.wgsl.
 
 const MAX_EXPERTS: u32 = 512u;
 const TILE: u32 = 8u;
@@ -20,7 +19,7 @@ struct Params {
     norm: u32,      // renormalise the selected probabilities
     scale: f32,     // applied unless 0 or 1
     n_embd: u32,
-    shared: u32,    // 0: no shared expert, 1: ungated, 2: gated by sigmoid(gsh)
+    sh_mode: u32,   // 0: no shared expert, 1: ungated, 2: gated by sigmoid(gsh)
     groups_x: u32,
     pairs: u32,     // n * k
     max_tiles: u32,
@@ -218,24 +217,26 @@ fn recip_f32(a: F64) -> f32 {
     return f32_of(f);
 }
 
-// a / b for a, b > 0, correctly rounded: the quotient whose residual a - q*b (exact by fma) is
-// smallest, ties to the even one
+// a / b for a, b > 0, correctly rounded as the CPU's f32 division: the mantissas' quotient by
+// long division, rounded to 53 bits, then to 24 (innocuous for a quotient of two f32). WGSL's `/`
+// may be 2.5 ulp off, and fma-based corrections need a fused fma that not every adapter has.
 fn div_rn(a: f32, b: f32) -> f32 {
-    var q = a / b;
-    for (var i = 0u; i < 4u; i++) {
-        let up = bitcast<f32>(bitcast<u32>(q) + 1u);
-        let dn = bitcast<f32>(bitcast<u32>(q) - 1u);
-        let r = abs(fma(-q, b, a));
-        let ru = abs(fma(-up, b, a));
-        let rd = abs(fma(-dn, b, a));
-        let even = (bitcast<u32>(q) & 1u) == 0u;
-        if ru < r || (ru == r && even == false) {
-            q = up;
-        } else if rd < r || (rd == r && even == false) {
-            q = dn;
-        }
+    if a == 0.0 || !(b < 1e30) || !(b > 1e-30) {
+        return a / b;
     }
-    return q;
+    let x = f64_of(a);
+    let y = f64_of(b);
+    var r = x.m;
+    var q = vec2<u32>(0u);
+    for (var i = 0u; i < 56u; i++) {
+        q = shl64(q, 1u);
+        if ge64(r, y.m) {
+            r = sub64(r, y.m);
+            q.x |= 1u;
+        }
+        r = shl64(r, 1u);
+    }
+    return f32_of(normalize(q, x.e - y.e - 55, r.x != 0u || r.y != 0u));
 }
 
 // ---- ggml's argsort: libstdc++'s std::sort (introsort) step for step (moe.rs argsort_desc) --------
@@ -550,9 +551,9 @@ fn combine(@builtin(global_invocation_id) g: vec3<u32>) {
             o = o + v;
         }
     }
-    if p.shared == 1u {
+    if p.sh_mode == 1u {
         o = o + ysh[i];
-    } else if p.shared == 2u {
+    } else if p.sh_mode == 2u {
         // ggml_sigmoid: 1 / (1 + exp(-x))
         let gate = div_rn(1.0, 1.0 + exp(-gsh[row]));
         o = o + ysh[i] * gate;
