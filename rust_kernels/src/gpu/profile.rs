@@ -86,7 +86,8 @@ impl Profiler {
                 timeout: None,
             })
             .expect("device poll");
-        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&slice.get_mapped_range().expect("mapped timestamps"));
+        let data = slice.get_mapped_range().expect("mapped timestamps").to_vec();
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&data);
         self.staging.unmap();
         let period = f64::from(queue.get_timestamp_period()) * 1e-9;
         for (name, t) in self.names.drain(..).zip(ticks.chunks_exact(2)) {
