@@ -8,7 +8,10 @@ On a software adapter (Mesa's lavapipe) the figures are CPU emulation, not GPU s
 only shows the JSON's shape.
 
     python bench/gpu_bench.py [--model default|PATH] [--prompt 512] [--gen 128] [--batch 1 2 4 8 16]
-                              [--adapter NAME] [--bandwidth-gbs 3350] [--out bench/results]
+                              [--adapter NAME] [--bandwidth-gbs 3350] [--qwen35 PATH] [--out bench/results]
+
+The realistic qwen35 (`--qwen35`, default ~/.cache/hyserve/models/realistic_qwen35_q4km.gguf) runs
+too once its architecture has a GPU path; until then its entry says why it was skipped.
 """
 
 from __future__ import annotations
@@ -71,6 +74,32 @@ class OpTimer:
         return timed
 
 
+def timestamps(ops: Any, run: Any) -> dict:
+    """GPU time per kernel (op family) of `run()` from wgpu timestamp queries, where the adapter
+    has them: each pass's start and end ticks; `forward_s` is their sum over the run."""
+    import hyserve_kernels as hk
+
+    if not hasattr(hk, "GpuTimestamps"):
+        return {"supported": False, "reason": "this hyserve_kernels build has no timestamp queries"}
+    ts = hk.GpuTimestamps(ops.device)
+    if not ts.supported:
+        return {"supported": False, "reason": "the adapter has no TIMESTAMP_QUERY feature"}
+    ts.start()
+    ts.take()
+    try:
+        run()
+        totals, untimed = ts.take()
+    finally:
+        ts.stop()
+    return {
+        "supported": True,
+        "kernel_s": {name: t for name, (t, _) in sorted(totals.items())},
+        "kernel_passes": {name: n for name, (_, n) in sorted(totals.items())},
+        "forward_s": sum(t for t, _ in totals.values()),
+        "untimed_passes": untimed,
+    }
+
+
 def decode_bytes(arch: Any, n_ctx: int) -> int:
     """Bytes one decode step reads: every weight once (a tied LM head once) + the KV cache."""
     seen: dict[int, int] = {}
@@ -85,12 +114,12 @@ def decode_bytes(arch: Any, n_ctx: int) -> int:
     return sum(seen.values()) + kv
 
 
-def bench_hyserve(args: argparse.Namespace) -> dict:
+def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
     from hyserve.model.architectures.base import Logits, Segment
     from hyserve.model.loader import load_model
 
     start = time.perf_counter()
-    model = load_model(args.model, device="gpu", gpu_adapter=args.adapter)
+    model = load_model(str(path), device="gpu", gpu_adapter=args.adapter)
     load_s = time.perf_counter() - start
     arch, ops = model.arch, model.arch.ops
     tokens = model.tokenizer.encode(TEXT * (1 + args.prompt // 30))[: args.prompt]
@@ -129,6 +158,16 @@ def bench_hyserve(args: argparse.Namespace) -> dict:
     arch.ops = timer
     prompt()
     arch.ops = ops
+
+    def decode_step() -> None:
+        memory = arch.new_memory(64)
+        arch.forward([Segment(memory, np.asarray(tokens[:8], np.int32), Logits.NONE)])
+        step = [Segment(memory, np.asarray(tokens[8:9], np.int32), Logits.LAST)]
+        ts_step.update(timestamps(ops, lambda: arch.forward(step)))
+
+    ts_prompt = timestamps(ops, prompt)
+    ts_step: dict = {}
+    decode_step()
     step_bytes = decode_bytes(arch, 8)
     step_s = decode["1"] if "1" in decode else None
     gbs = step_bytes / step_s / 1e9 if step_s else None
@@ -144,10 +183,27 @@ def bench_hyserve(args: argparse.Namespace) -> dict:
         "batched_decode_tok_s": {k: int(k) / s for k, s in decode.items()},
         "decode_step_bytes": step_bytes,
         "decode_gb_s": gbs,
+        "bandwidth_gbs": args.bandwidth_gbs,
         "bandwidth_fraction": gbs / args.bandwidth_gbs if gbs and args.bandwidth_gbs else None,
-        "prompt_op_family_s": dict(timer.seconds),
-        "timing": "wall clock; op families with a device sync after each op (no timestamp queries yet)",
+        "bandwidth_note": None if args.bandwidth_gbs else "the adapter's memory bandwidth is unknown (--bandwidth-gbs)",
+        "prompt_op_family_wall_s": dict(timer.seconds),
+        "timestamps_prompt": ts_prompt,
+        "timestamps_decode_step": ts_step,
+        "timing": "tok/s: wall clock; prompt_op_family_wall_s: wall clock with a device sync after each op; "
+        "timestamps_*: wgpu timestamp queries per kernel where the adapter has them (else the reason)",
     }
+
+
+def bench_model(args: argparse.Namespace, path: Path) -> dict:
+    """`bench_hyserve` on `path`, or why it was skipped (no file, no GPU path for its architecture)."""
+    from hyserve.model.backend.select import DeviceError
+
+    if not path.exists():
+        return {"skipped": f"{path} does not exist (tests/fixtures/make_models.py realistic_qwen35 writes it)"}
+    try:
+        return bench_hyserve(args, path)
+    except DeviceError as exc:
+        return {"skipped": str(exc)}
 
 
 def llama_cpp_on_the_device() -> dict:
@@ -157,7 +213,11 @@ def llama_cpp_on_the_device() -> dict:
     except ImportError:
         return {"available": False, "reason": "llama-cpp-python is not installed"}
     if not llama_cpp.llama_supports_gpu_offload():
-        return {"available": False, "reason": "this llama-cpp-python build has no GPU backend (CPU only)"}
+        return {
+            "available": False,
+            "reason": "this llama-cpp-python build has no GPU backend (CPU only); "
+            "llama-cpp-python with its Vulkan backend is not built here",
+        }
     return {"available": True, "reason": "a GPU build: compare with bench/runtime_bench.py --n-gpu-layers"}
 
 
@@ -189,13 +249,15 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="the adapter's memory bandwidth, GB/s")
+    p.add_argument("--qwen35", type=Path, default=Path.home() / ".cache/hyserve/models/realistic_qwen35_q4km.gguf")
     p.add_argument("--name", default="gpu_bench")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
     result = {
         "machine": platform.processor() or platform.machine(),
         "date": time.strftime("%Y-%m-%d"),
-        "hyserve": bench_hyserve(args),
+        "hyserve": bench_hyserve(args, args.model),
+        "realistic_qwen35": bench_model(args, args.qwen35),
         "llama_cpp": llama_cpp_on_the_device(),
     }
     args.out.mkdir(parents=True, exist_ok=True)

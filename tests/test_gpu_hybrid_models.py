@@ -1,4 +1,4 @@
-"""The recurrent and hybrid architectures (qwen35, qwen3next, mamba2) end to end on the GPU against the CPU
+"""The recurrent and hybrid architectures (qwen35, qwen35moe, qwen3next, mamba2) end to end on the GPU against the CPU
 path: teacher-forced logits, determinism, batch and chunking invariance, recurrent states that
 live on the device (checkpoints as device copies, the prefix store's host images, replays of kept
 inputs), and cancels that leave memory as it was. The same `Architecture` code runs on both."""
@@ -23,8 +23,10 @@ CASES = [
     ("qwen35", "f32", {}),
     ("qwen35", "q8_0", {}),
     ("qwen35", "f16", {"ssm_d_state": 40, "ssm_dt_rank": 4, "ssm_n_group": 2}),
-    # qwen3next's grouped V heads and fused / legacy projections (dense FFN blocks: MoE is not here)
+    # qwen3next's grouped V heads and fused / legacy projections, with dense and MoE FFN blocks
     ("qwen3next", "f32", {"dense_ffn": True}),
+    ("qwen3next", "q8_0", {}),
+    ("qwen35moe", "q8_0", {}),
     ("qwen3next", "q8_0", {"dense_ffn": True, "legacy_ssm_in": True}),
     ("mamba2", "f32", {}),
     ("mamba2", "q8_0", {"ssm_n_group": 2, "ssm_d_state": 40}),

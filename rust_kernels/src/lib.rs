@@ -6,8 +6,10 @@
 pub mod attention;
 pub mod cancel;
 pub mod gpu;
+mod gpu_moe_py;
 mod gpu_py;
 mod gpu_recurrent_py;
+mod gpu_timing_py;
 pub mod matmul;
 pub mod moe;
 mod moe_py;
@@ -736,5 +738,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gpu_py::register(m)?;
     unary_py::register(m)?;
     gpu_recurrent_py::register(m)?;
+    m.add_class::<gpu_moe_py::GpuMoeFfn>()?;
+    m.add_class::<gpu_timing_py::GpuTimestamps>()?;
     Ok(())
 }

@@ -41,7 +41,7 @@ fn need(ok: bool, msg: impl FnOnce() -> String) -> PyResult<()> {
 }
 
 impl MoeFfn {
-    fn moe(&self) -> Moe<'_> {
+    pub(crate) fn moe(&self) -> Moe<'_> {
         let n = self.n_expert;
         let gate = self.gate.get().weight();
         let (gate, up) = match &self.up {

@@ -96,6 +96,8 @@ pub struct Gpu {
     lanes: u32,
     pipelines: Mutex<PipelineCache>,
     pending: Mutex<Option<wgpu::CommandEncoder>>,
+    /// timestamp queries per dispatch while profiling (profile.rs)
+    pub(crate) profiler: Mutex<Option<super::profile::Profiler>>,
     pool: Pool,
     /// whether the adapter's WGSL `fma` rounds once (math.wgsl's FUSED_FMA)
     fused_fma: bool,
@@ -191,7 +193,7 @@ impl Gpu {
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("hyserve"),
-            required_features: wgpu::Features::empty(),
+            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -219,6 +221,7 @@ impl Gpu {
             limits,
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
+            profiler: Mutex::new(None),
             pool: Arc::new(Mutex::new(HashMap::new())),
             fused_fma: true,
             constants: Mutex::new(HashMap::new()),
@@ -388,9 +391,10 @@ impl Gpu {
                     label: Some("forward"),
                 })
         });
+        let mut profiler = self.profiler.lock().unwrap();
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(k.name),
-            timestamp_writes: None,
+            timestamp_writes: profiler.as_mut().and_then(|p| p.next(k.name)),
         });
         pass.set_pipeline(&p.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
@@ -472,14 +476,22 @@ impl Gpu {
 
     /// Submits everything recorded so far.
     pub fn flush(&self) {
-        if let Some(encoder) = self.pending.lock().unwrap().take() {
+        if let Some(mut encoder) = self.pending.lock().unwrap().take() {
+            let mut profiler = self.profiler.lock().unwrap();
+            let timed = profiler.as_ref().is_some_and(|p| p.resolve(&mut encoder));
             self.queue.submit([encoder.finish()]);
+            if let Some(p) = profiler.as_mut().filter(|_| timed) {
+                p.collect(&self.device, &self.queue);
+            }
         }
     }
 
     /// Drops the recorded work unrun (a cancelled or failed forward call).
     pub fn discard(&self) {
         self.pending.lock().unwrap().take();
+        if let Some(p) = self.profiler.lock().unwrap().as_mut() {
+            p.forget();
+        }
     }
 
     /// Runs everything recorded and reads `bytes` of `src` from `offset` back to the host.

@@ -5,6 +5,8 @@
 //!   command encoder that a forward call records into, uploads and read-backs.
 //! - `weights`: GGUF tensors uploaded once in their block formats, split across bindings.
 //! - `ops`: one function per operation; each records a dispatch and returns at once.
+//! - `profile`: timestamp queries per dispatch (where the adapter has them), for the bench.
+//! - `moe`: the mixture-of-experts FFN (routing, expert FFNs on the block-format expert tensors).
 //!
 //! Work is recorded, not run: a forward call's dispatches go into one command encoder that is
 //! submitted when a result is read back (`Gpu::read`), or dropped unrun (`Gpu::discard`).
@@ -12,8 +14,10 @@
 //! row's result does not depend on the other rows of its batch.
 
 pub mod device;
+pub mod moe;
 pub mod ops;
 pub mod recurrent;
+pub mod profile;
 pub mod weights;
 
 pub use device::{AdapterChoice, Gpu, GpuBuffer};

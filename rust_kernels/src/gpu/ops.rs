@@ -23,19 +23,11 @@ static QUANTIZE_ACT: Kernel = Kernel {
         (5, Uniform),
     ],
 };
-static MATMUL: Kernel = Kernel {
+pub(crate) static MATMUL: Kernel = Kernel {
     name: "matmul",
     sources: &[QUANT, MATH, include_str!("shaders/matmul.wgsl")],
     entry: "main",
-    bindings: &[
-        (0, Read),
-        (1, Read),
-        (2, Read),
-        (3, Read),
-        (4, Read),
-        (5, ReadWrite),
-        (6, Uniform),
-    ],
+    bindings: &[(0, Read), (1, Read), (2, Read), (3, Read), (4, Read), (5, ReadWrite), (6, Uniform), (7, Read)],
 };
 static GET_ROWS: Kernel = Kernel {
     name: "get_rows",
@@ -103,17 +95,17 @@ static ATTEND: Kernel = Kernel {
     ],
 };
 
-const MAX_GROUPS: u32 = 65535;
+pub(crate) const MAX_GROUPS: u32 = 65535;
 
 /// Workgroups for `n` invocations of 64: (x, y) with x * y * 64 >= n, x within the dispatch limit.
-fn groups_1d(n: usize) -> (u32, u32) {
+pub(crate) fn groups_1d(n: usize) -> (u32, u32) {
     let g = n.div_ceil(64) as u32;
     let x = g.clamp(1, MAX_GROUPS);
     (x, g.div_ceil(x))
 }
 
 /// Workgroups for `n` items of one workgroup each, wrapped onto y.
-fn groups_wrapped(n: usize) -> (u32, u32) {
+pub(crate) fn groups_wrapped(n: usize) -> (u32, u32) {
     let x = (n as u32).clamp(1, MAX_GROUPS);
     (x, (n as u32).div_ceil(x))
 }
@@ -146,10 +138,10 @@ pub struct QuantizedAct {
     pub kind: u32,
     pub n: usize,
     pub cols: usize,
-    xq: GpuBuffer,
-    xd: GpuBuffer,
-    xs: GpuBuffer,
-    xh: GpuBuffer,
+    pub(crate) xq: GpuBuffer,
+    pub(crate) xd: GpuBuffer,
+    pub(crate) xs: GpuBuffer,
+    pub(crate) xh: GpuBuffer,
 }
 
 /// Quantizes `x` (n × cols) for weights whose act kind is `kind`.
@@ -186,7 +178,8 @@ pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
     for (buf, row0, rows) in &w.chunks {
         // the CPU's eight float lanes of a row on `lanes` threads, 64 threads a workgroup
         let (gx, gy) = groups_wrapped(rows.div_ceil(64 / lanes as usize));
-        let p = params8([
+        let mut p = [0u32; 16];
+        p[..8].copy_from_slice(&[
             *rows as u32,
             w.cols as u32,
             w.row_bytes as u32,
@@ -199,14 +192,7 @@ pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
         gpu.dispatch(
             &MATMUL,
             &[("FMT", w.ggml_type), ("LANES", lanes)],
-            &[
-                buf.raw(),
-                x.xq.raw(),
-                x.xd.raw(),
-                x.xs.raw(),
-                x.xh.raw(),
-                out.raw(),
-            ],
+            &[buf.raw(), x.xq.raw(), x.xd.raw(), x.xs.raw(), x.xh.raw(), out.raw(), &gpu.dummy],
             bytes_of(&p),
             [gx, gy, n.div_ceil(8) as u32],
         );

@@ -12,10 +12,14 @@
 // order. Float formats (F32/F16/BF16) use the same lanes, while the CPU sums those in f64: close,
 // not identical. A workgroup covers 64 / LANES weight rows x TILE activation rows, so each weight
 // block is read once for the tile; a result never depends on the other rows of the batch.
+// MOE = 1 (the experts of a mixture-of-experts FFN, moe.wgsl): a tile is up to TILE (token, slot)
+// pairs routed to one expert, listed by moe.wgsl's plan; the weight rows are that expert's, the
+// products the same per-row dot products as MOE = 0 on that expert's rows.
 // Needs quant.wgsl (binding 0 = the weight bytes).
 
 override FMT: u32 = 0u;
 override LANES: u32 = 8u;  // 8 or 1
+override MOE: u32 = 0u;
 const TILE: u32 = 8u;
 
 struct Params {
@@ -27,6 +31,17 @@ struct Params {
     out_cols: u32,   // output row length (all rows of the weight)
     groups_x: u32,   // workgroups along x (row blocks wrap onto y past the dispatch limit)
     n_sub: u32,      // sub-blocks of 32 per row
+    // MOE = 1: rows in this binding, rows from one expert to the next, the view's first row
+    // within an expert (a fused gate_up tensor), activation row = pair / act_div, first tile of
+    // this dispatch, where the tiles start in `plan`
+    chunk_rows: u32,
+    stride: u32,
+    offset: u32,
+    act_div: u32,
+    tile0: u32,
+    tiles_at: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(1) var<storage, read> xq: array<vec4<f32>>;  // 8 vec4 per sub-block
@@ -35,6 +50,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read> xh: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<uniform> p: Params;
+// MOE = 1: the (token, slot) pairs grouped by expert, then tiles of (expert, first pair, pairs, 0)
+@group(0) @binding(7) var<storage, read> plan: array<u32>;
 
 var<workgroup> lanes_acc: array<f32, 512>;  // TILE x 64 threads
 var<workgroup> lanes_min: array<f32, 512>;
@@ -53,7 +70,33 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let per = 8u / LANES;  // lanes this thread runs
     let lane0 = (lid % LANES) * per;
     let r = (wg.x + wg.y * p.groups_x) * (64u / LANES) + lid / LANES;
-    let b0 = wg.z * TILE;
+    // act[b] / dst_row[b]: the activation and output row of tile slot b; wr: the weight row in the binding
+    var act: array<u32, 8>;
+    var dst_row: array<u32, 8>;
+    var n_b = 0u;
+    var wr = r;
+    var col = p.row0 + r;
+    var live = r < p.rows;
+    if MOE == 0u {
+        let b0 = wg.z * TILE;
+        n_b = min(TILE, p.n_act - b0);
+        for (var b = 0u; b < TILE; b++) {
+            act[b] = b0 + b;
+            dst_row[b] = b0 + b;
+        }
+    } else {
+        let t = p.tiles_at + 4u * (p.tile0 + wg.z);
+        let g = plan[t] * p.stride + p.offset + r;  // the expert's row r in the whole tensor
+        n_b = plan[t + 2u];
+        live = live && g >= p.row0 && g < p.row0 + p.chunk_rows;
+        wr = g - p.row0;
+        col = r;
+        for (var b = 0u; b < TILE; b++) {
+            let pair = plan[plan[t + 1u] + min(b, max(n_b, 1u) - 1u)];
+            act[b] = pair / p.act_div;
+            dst_row[b] = pair;
+        }
+    }
     // acc[8 * b + kk], mins[8 * b + kk]: activation row b, this thread's kk-th lane
     var acc: array<f32, 64>;
     var mins: array<f32, 64>;
@@ -61,9 +104,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         acc[i] = 0.0;
         mins[i] = 0.0;
     }
-    let n_b = min(TILE, p.n_act - b0);
-    if r < p.rows {
-        let row = r * p.row_bytes;
+    if live {
+        let row = wr * p.row_bytes;
         for (var kk = 0u; kk < per; kk++) {
             let k = lane0 + kk;
             if is_float(FMT) {
@@ -71,7 +113,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     let wv = quad_f(FMT, row, 32u * c + 4u * k, p.cols);
                     for (var b = 0u; b < TILE; b++) {
                         if b < n_b {
-                            let xv = xq[8u * ((b0 + b) * p.n_sub + c) + k];
+                            let xv = xq[8u * (act[b] * p.n_sub + c) + k];
                             var a = acc[8u * b + kk];
                             a = fma(wv.x, xv.x, a);
                             a = fma(wv.y, xv.y, a);
@@ -103,7 +145,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     }
                     for (var b = 0u; b < TILE; b++) {
                         if b < n_b {
-                            let a0 = (b0 + b) * p.n_sub + 8u * sb;  // the super-block's first sub-block
+                            let a0 = act[b] * p.n_sub + 8u * sb;  // the super-block's first sub-block
                             var lane = 0;
                             if FMT == T_Q6_K {
                                 let own = a0 + k;  // 16-sums 2k, 2k+1 are sub-block k's halves
@@ -145,7 +187,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     let mw = f16_at(blk + 2u);
                     for (var b = 0u; b < TILE; b++) {
                         if b < n_b {
-                            let a = (b0 + b) * p.n_sub + c;
+                            let a = act[b] * p.n_sub + c;
                             let i = 8u * b + kk;
                             acc[i] = fma_exact(dw * xd[a], f32(dot(q, vec4<i32>(xq[8u * a + k]))), acc[i]);
                             if with_min && k == 0u {
@@ -173,14 +215,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
     }
-    if lane0 == 0u && r < p.rows {
+    if lane0 == 0u && live {
         for (var b = 0u; b < TILE; b++) {
             if b < n_b {
                 var mn = mins[8u * b];
                 if FMT == T_Q4_K {
                     mn = (mins[8u * b] + mins[8u * b + 2u]) + (mins[8u * b + 1u] + mins[8u * b + 3u]);
                 }
-                y[(b0 + b) * p.out_cols + p.row0 + r] = hsum8_at(&acc, 8u * b) + mn;
+                y[dst_row[b] * p.out_cols + col] = hsum8_at(&acc, 8u * b) + mn;
             }
         }
     }

@@ -4,7 +4,7 @@ a sigmoid-gated shared expert), both callable as `ffn(x, cancel) -> rows x n_emb
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import hyserve_kernels as hk
 import numpy as np
@@ -43,7 +43,18 @@ def load_dense(w: WeightLoader, prefix: str) -> DenseFfn:
     )
 
 
-def load_moe(w: WeightLoader, prefix: str, n_expert: int, n_used: int) -> hk.MoeFfn:
+@dataclass
+class MoeBlock:
+    """A MoE FFN on the loader's device: the backend's `moe_ffn` (the CPU: `hk.MoeFfn` itself)."""
+
+    backend: Backend
+    moe: Any
+
+    def __call__(self, x: Tensor, cancel: hk.CancelFlag | None = None) -> Tensor:
+        return self.backend.moe_ffn(self.moe, x, cancel)
+
+
+def load_moe(w: WeightLoader, prefix: str, n_expert: int, n_used: int) -> MoeBlock:
     """The MoE FFN of one block (`ffn_gate_inp`, `ffn_{gate,up,down}_exps` or a fused
     `ffn_gate_up_exps`, optional `ffn_{gate,up,down}_shexp` + `ffn_gate_inp_shexp`).
 
@@ -51,7 +62,7 @@ def load_moe(w: WeightLoader, prefix: str, n_expert: int, n_used: int) -> hk.Moe
     selected probabilities always renormalised and never scaled (llama.cpp hard-codes this for
     these architectures, whatever `expert_weights_norm` / `expert_weights_scale` say).
     """
-    router = w.matrix(prefix + "ffn_gate_inp.weight")
+    router = w.host_matrix(prefix + "ffn_gate_inp.weight")
     if router.rows != n_expert:
         raise GGUFError(f"{w.gguf.path}: {prefix}ffn_gate_inp routes to {router.rows} experts, expected {n_expert}")
     if w.has(prefix + "ffn_gate_up_exps.weight"):
@@ -62,10 +73,10 @@ def load_moe(w: WeightLoader, prefix: str, n_expert: int, n_used: int) -> hk.Moe
     down = w.experts(prefix + "ffn_down_exps.weight", n_expert)
     shared: dict[str, hk.QMatrix] = {}
     if w.has(prefix + "ffn_up_shexp.weight"):
-        shared = {f"shared_{part}": w.matrix(prefix + f"ffn_{part}_shexp.weight") for part in ("gate", "up", "down")}
+        shared = {f"shared_{p}": w.host_matrix(prefix + f"ffn_{p}_shexp.weight") for p in ("gate", "up", "down")}
         if w.has(prefix + "ffn_gate_inp_shexp.weight"):
-            shared["shared_gate_inp"] = w.matrix(prefix + "ffn_gate_inp_shexp.weight")
+            shared["shared_gate_inp"] = w.host_matrix(prefix + "ffn_gate_inp_shexp.weight")
     try:
-        return hk.MoeFfn(router, gate, up, down, n_used, True, 0.0, **shared)
+        return MoeBlock(w.backend, w.backend.moe(hk.MoeFfn(router, gate, up, down, n_used, True, 0.0, **shared)))
     except ValueError as exc:
         raise GGUFError(f"{w.gguf.path}: block {prefix!r}: {exc}") from None

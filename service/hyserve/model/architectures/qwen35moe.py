@@ -11,7 +11,7 @@ from hyserve.model.weights import WeightLoader
 
 class Qwen35Moe(Qwen35):
     name = "qwen35moe"
-    has_gpu_path = False  # its MoE FFN has no GPU kernel yet
+    has_gpu_path = True
 
     def _load_ffn(self, w: WeightLoader, p: str) -> Ffn:
         return load_moe(w, p, self.hp.int("expert_count"), self.hp.int("expert_used_count"))

@@ -64,6 +64,7 @@ class LegacyQkvz:
 
 class Qwen3Next(QwenHybrid):
     name = "qwen3next"
+    has_gpu_path = True
     grouped_heads = True
     imrope = False
 

@@ -77,6 +77,15 @@ class Backend(RecurrentOps, Protocol):
         (rows x n_head*head_dim)."""
         ...
 
+    # -- mixture-of-experts FFN (qwen35moe, qwen3next)
+    def moe(self, ffn: hk.MoeFfn) -> Any:
+        """The layer's MoE FFN (built from host weights at load time) on this device."""
+        ...
+
+    def moe_ffn(self, moe: Any, x: Tensor, cancel: hk.CancelFlag | None = None) -> Tensor:
+        """`moe`'s output for x (rows x n_embd): routing, the selected experts, the shared expert."""
+        ...
+
     def to_host(self, x: Tensor) -> np.ndarray: ...
     def flush(self) -> None:
         """Start the work a forward call recorded (it completed: nothing may drop it any more)."""

@@ -100,6 +100,12 @@ class CpuBackend(CpuRecurrentOps):
         a = hk.attention(q[rows], k_bits, v_bits, pos, window, kq_scale)
         out[rows] = a.reshape(rows.stop - rows.start, -1)
 
+    def moe(self, ffn: hk.MoeFfn) -> hk.MoeFfn:
+        return ffn
+
+    def moe_ffn(self, moe: hk.MoeFfn, x: np.ndarray, cancel: hk.CancelFlag | None = None) -> np.ndarray:
+        return moe(np.ascontiguousarray(x), cancel)
+
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 

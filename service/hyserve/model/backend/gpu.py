@@ -128,6 +128,13 @@ class GpuBackend(GpuRecurrentOps):
             cache.cache, q, k, v, positions, out, rows.start, rows.stop - rows.start, start, n_head, window, kq_scale
         )
 
+    def moe(self, ffn: hk.MoeFfn) -> hk.GpuMoeFfn:
+        # the expert tensors in their block formats, one upload each (a fused gate_up once)
+        return hk.GpuMoeFfn(self.device, ffn)
+
+    def moe_ffn(self, moe: hk.GpuMoeFfn, x: hk.GpuTensor, cancel: hk.CancelFlag | None = None) -> hk.GpuTensor:
+        return moe(x)
+
     def to_host(self, x: hk.GpuTensor) -> np.ndarray:
         return self.device.to_host(x)
 
