@@ -241,7 +241,7 @@ def run_example(rig: Rig, data: st.DataObject) -> None:
 
 def settle(engine: Engine) -> None:
     """Cancel what a failed earlier example left running, and wait until the engine is idle."""
-    for task in list(engine._live.values()):
+    for task in engine.live_tasks():
         engine.cancel_task(task, CancelSource.SHUTDOWN)
     deadline = time.monotonic() + 60
     while not engine.idle() and time.monotonic() < deadline:
@@ -267,7 +267,7 @@ def same_states(a: Snapshot, b: Snapshot) -> bool:
 
 def check_memory_invariants(rig: Rig) -> None:
     engine = rig.engine
-    assert engine.idle(), f"every task has ended: {engine._live}"
+    assert engine.idle(), f"every task has ended: {engine.live_tasks()}"
     for slot in engine.slots:
         assert slot.run is None and len(slot.tokens) == slot.memory.n_tokens  # I1 bookkeeping
         fresh = fresh_state(rig, slot.tokens)

@@ -324,9 +324,9 @@ def arch() -> FakeArch:
 def make_engine(arch: FakeArch):  # -> Callable[..., Engine]
     engines: list[Engine] = []
 
-    def make(**kw: int) -> Engine:
+    def make(tokenizer: FakeTokenizer | None = None, **kw: int) -> Engine:
         config = EngineConfig(**{"n_slots": 1, "n_ctx": 64, "queue_size": 4, "prompt_chunk": 4, **kw})
-        engine = Engine(arch, FakeTokenizer(), config)  # type: ignore[arg-type]
+        engine = Engine(arch, tokenizer or FakeTokenizer(), config)  # type: ignore[arg-type]
         engine.start()
         engines.append(engine)
         return engine
@@ -536,11 +536,10 @@ def test_engine_stop_rules(make_engine) -> None:
 
 
 def test_engine_eos_and_ignore_eos(make_engine) -> None:
-    engine = make_engine()
     tok = FakeTokenizer()
     first = reference(PROMPT, 1)[0]
     tok.eog_ids = frozenset({first})  # type: ignore[misc]
-    engine.tokenizer = tok  # type: ignore[assignment]
+    engine = make_engine(tokenizer=tok)
     events = submit(engine, "e", PROMPT).wait_end()
     assert tokens_of(events) == [first] and finished_of(events).reason is FinishReason.EOS
     events = submit(engine, "i", PROMPT, stop=StopRule(max_tokens=3, ignore_eos=True)).wait_end()
