@@ -21,6 +21,7 @@ from hyserve.engine.engine import CancelOutcome, DuplicateTaskError, Engine, Eng
 from hyserve.engine.generator import StopRule
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.scheduler import BatchItem, BoundedFifo, QueueFullError, SlotWork, compose_batch
+from hyserve.engine.stop import StopStringFilter
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -29,7 +30,6 @@ from hyserve.engine.task import (
     FinishedEvent,
     FinishReason,
     ReuseSource,
-    StopStringFilter,
     Task,
     Timings,
     Usage,

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from google.protobuf import json_format
 
 from hyserve.api.gen import hyserve_pb2 as pb
-from hyserve.engine.generator import StopRule
 from hyserve.engine.sampling import SamplingParams
+from hyserve.engine.stop import StopRule
 from hyserve.engine.task import new_task_id
 from hyserve.model.chat_template import ChatTemplate, ChatTemplateError, RenderedChat, message_token_offsets
 

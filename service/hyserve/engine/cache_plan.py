@@ -27,8 +27,6 @@ from enum import Enum
 
 import numpy as np
 
-from hyserve.engine.task import ReuseSource
-
 __all__ = [
     "Admission",
     "CachedView",
@@ -38,6 +36,7 @@ __all__ = [
     "LogBlockView",
     "MemoryKind",
     "ResumePlan",
+    "ReuseSource",
     "SlotCandidate",
     "StoreCandidate",
     "checkpoint_schedule",
@@ -49,6 +48,15 @@ __all__ = [
     "replay_reach",
     "subsumes",
 ]
+
+
+class ReuseSource(Enum):
+    """Where a prompt's reused tokens come from."""
+
+    NONE = "none"
+    SLOT_LIVE = "slot_live"
+    CHECKPOINT = "checkpoint"
+    PREFIX_STORE = "prefix_store"
 
 
 class MemoryKind(Enum):

@@ -43,8 +43,9 @@ from hyserve.engine.prefix_store import PrefixStore, StoredSequence
 from hyserve.engine.sampling import apply_penalties, log_softmax, sample
 from hyserve.engine.scheduler import SlotWork, compose_batch
 from hyserve.engine.shared import Shared
-from hyserve.engine.slot import Run, Slot, StopText
+from hyserve.engine.slot import Run, Slot
 from hyserve.engine.stats import StoreSnapshot, memory_usage, slot_snapshots
+from hyserve.engine.stop import StopCheck
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -218,7 +219,7 @@ class EngineLoop:
             plan=plan,
             seq=self._admissions,
             admitted_at=now,
-            text=StopText(self.tokenizer, task.stop.stop_strings),
+            stop=StopCheck(task.stop, self.tokenizer, len(task.prompt), self.config.n_ctx),
             rng=np.random.default_rng(task.params.seed),
             pos=plan.resume,
             history=list(task.prompt),
@@ -380,7 +381,7 @@ class EngineLoop:
             self._fail(run, f"sampling failed: {type(exc).__name__}: {exc}")
 
     def _on_logits(self, run: Run, logits: np.ndarray, now: float) -> None:
-        task, stop = run.task, run.task.stop
+        task = run.task
         logprob = self._logprob(run, logits) if task.logprobs or task.top_logprobs else None
         token = sample(logits, run.history, task.params, run.rng)
         if logprob is not None:
@@ -394,30 +395,12 @@ class EngineLoop:
             run.first_token_at = now
         run.last_token_at = now
 
-        reason: FinishReason | None = None
-        stop_string, stop_token, text = "", None, ""
-        if token in stop.stop_token_ids:
-            reason, stop_token = FinishReason.STOP_TOKEN, token
-        elif self.tokenizer.is_eog(token):
-            if not stop.ignore_eos:
-                reason, stop_token = FinishReason.EOS, token
-            # an ignored end-of-generation token contributes no text either
-        else:
-            text, hit = run.text.push(token)
-            if hit is not None:
-                reason, stop_string = FinishReason.STOP_STRING, hit
-        if reason is None:
-            if len(run.generated) >= stop.max_tokens:
-                reason = FinishReason.MAX_TOKENS
-            elif len(run.prompt) + len(run.generated) >= self.config.n_ctx:
-                reason = FinishReason.CONTEXT_FULL  # prompt + completion must fit in the context
-        if reason is not None and reason is not FinishReason.STOP_STRING:
-            text += run.text.finish()
-        task.emit(DeltaEvent((token,), text, logprob_entry))
-        if reason is None:
+        decision = run.stop.push(token)
+        task.emit(DeltaEvent((token,), decision.text, logprob_entry))
+        if decision.reason is None:
             run.next_token = token
         else:
-            self._finish(run, reason, stop_string=stop_string, stop_token_id=stop_token)
+            self._finish(run, decision.reason, decision.stop_string, decision.stop_token_id)
 
     def _logprob(self, run: Run, logits: np.ndarray) -> tuple[np.ndarray, tuple[tuple[int, float], ...]]:
         """Log-probabilities after penalties, before temperature/top-k/top-p/min-p (see the proto)."""
@@ -430,7 +413,7 @@ class EngineLoop:
         return lp, tuple((int(i), float(lp[i])) for i in idx)
 
     def _end_cancelled(self, run: Run) -> None:
-        tail = run.text.finish()
+        tail = run.stop.finish()
         if tail:
             run.task.emit(DeltaEvent((), tail))
         self._finish(run, FinishReason.CANCELLED)

@@ -18,12 +18,12 @@ from hyserve.engine.cache_plan import CachedView, CheckpointKind, MemoryKind, Re
 from hyserve.engine.checkpoints import Checkpoint, CheckpointList
 from hyserve.engine.input_log import InputLog
 from hyserve.engine.prefix_store import StoredSequence
-from hyserve.engine.task import StopStringFilter, Task, Timings, Usage
+from hyserve.engine.stop import StopCheck
+from hyserve.engine.task import Task, Timings, Usage
 from hyserve.model.architectures.base import Architecture
 from hyserve.model.memory import SequenceMemory
-from hyserve.model.tokenizer import IncrementalDecoder, Tokenizer
 
-__all__ = ["Run", "Slot", "StopText", "memory_kind"]
+__all__ = ["Run", "Slot", "memory_kind"]
 
 
 def memory_kind(memory: SequenceMemory) -> MemoryKind:
@@ -103,22 +103,6 @@ class Slot:
         return len(self.tokens) == self.memory.n_tokens
 
 
-class StopText:
-    """Decoded completion text with stop-string holdback (see task.StopStringFilter)."""
-
-    def __init__(self, tokenizer: Tokenizer, stop_strings: Sequence[str]) -> None:
-        self.decoder: IncrementalDecoder = tokenizer.incremental_decoder()
-        self.filter = StopStringFilter(stop_strings)
-
-    def push(self, token: int) -> tuple[str, str | None]:
-        return self.filter.push(self.decoder.push(token))
-
-    def finish(self) -> str:
-        """Everything still held back (generation ended without a stop string)."""
-        released, hit = self.filter.push(self.decoder.flush())
-        return released if hit is not None else released + self.filter.flush()
-
-
 @dataclass(eq=False)
 class Run:
     """A task's progress on its slot."""
@@ -128,7 +112,7 @@ class Run:
     plan: ResumePlan
     seq: int  # admission order
     admitted_at: float
-    text: StopText
+    stop: StopCheck  # the stop rules and the text held back for stop strings
     rng: np.random.Generator
     pos: int  # next prompt index to evaluate
     history: list[int]  # prompt + sampled tokens (for penalties)
