@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import make_models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,8 +42,6 @@ from hyserve.engine.task import DeltaEvent, Event, FailedEvent, FinishedEvent, F
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import LoadedModel, load_model
 from hyserve.model.memory import SequenceMemory, Snapshot
-
-make_models = pytest.importorskip("fixtures.make_models")
 
 VOCAB_LO, VOCAB_HI = 10, 400  # plain tokens of the fixture vocabulary
 EXAMPLES = 200  # per hybrid engine (1 and 2 slots), half that for attention-only: 500 per run
