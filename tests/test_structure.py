@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -42,3 +43,34 @@ def test_tests_import_our_own_code_for_real() -> None:
         if ours.search(line)
     ]
     assert offenders == []
+
+
+SERVICE = TESTS.parent / "service" / "hyserve"
+
+
+def test_no_assert_statements_in_the_service() -> None:
+    """Invariant checks must survive `python -O`, which strips `assert` statements."""
+    found = []
+    for path in sorted(SERVICE.rglob("*.py")):
+        if "gen" in path.relative_to(SERVICE).parts:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        asserts = [node for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+        found += [f"{path.relative_to(SERVICE)}:{node.lineno}" for node in asserts]
+    assert found == []
+
+
+def test_slot_invariant_holds_under_python_O() -> None:
+    """Under -O, a slot whose tokens and memory disagree after a commit still raises (I1)."""
+    code = (
+        "from hyserve.engine.slot import Slot\n"
+        "from hyserve.engine.invariants import InvariantError\n"
+        "from hyserve.model.memory import SequenceMemory\n"
+        "slot = Slot(0, SequenceMemory(8, {}))\n"
+        "try:\n"
+        "    slot.commit([1, 2])\n"
+        "except InvariantError as exc:\n"
+        "    print('raised', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("raised slot 0: 2 tokens but memory holds 0")

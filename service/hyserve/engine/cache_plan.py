@@ -246,7 +246,8 @@ def _choose(
         key = (plan.resume, plan.matched, *_slot_order(c))
         if best_slot is None or key > best_slot[0]:
             best_slot, best_plan = (key, c), plan
-    assert best_slot is not None and best_plan is not None
+    if best_slot is None or best_plan is None:
+        raise ValueError("no free slot to choose from")
     if best_plan.resume == 0:  # nothing of a slot is reused: don't destroy a useful one
         target = max(free, key=_slot_order)
         best_slot, best_plan = ((0,), target), plan_resume(target.view, prompt, cache_prompt)

@@ -33,7 +33,8 @@ def prefill(model: LoadedModel, memory: SequenceMemory, tokens: Sequence[int], c
     for start in range(0, len(tokens), chunk):
         part = np.asarray(tokens[start : start + chunk], dtype=np.int32)
         logits = model.arch.forward([Segment(memory, part, Logits.LAST)])[0]
-    assert logits is not None, "empty prompt"
+    if logits is None:
+        raise ValueError("empty prompt")
     return logits
 
 

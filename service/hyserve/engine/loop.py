@@ -39,6 +39,7 @@ from hyserve.engine.cache_plan import (
 )
 from hyserve.engine.checkpoints import Checkpoint, CheckpointList
 from hyserve.engine.config import EngineConfig
+from hyserve.engine.invariants import InvariantError, require
 from hyserve.engine.prefix_store import PrefixStore, StoredSequence
 from hyserve.engine.sampling import apply_penalties, log_softmax, sample
 from hyserve.engine.scheduler import SlotWork, compose_batch
@@ -200,7 +201,8 @@ class EngineLoop:
             if plan.reprocessed and plan.reason is not None:
                 by = c.reprocessed_tokens_by_reason
                 by[plan.reason] = by.get(plan.reason, 0) + plan.reprocessed
-        assert slot.consistent() and len(slot.tokens) == plan.resume
+        require(slot.consistent(), f"slot {slot.index}: tokens and memory disagree after admission (I1)")
+        require(len(slot.tokens) == plan.resume, f"slot {slot.index}: {len(slot.tokens)} tokens, {plan.resume} planned")
         slot.last_prompt_len = len(task.prompt)
         self._admissions += 1
         schedule: list[tuple[int, CheckpointKind]] = []
@@ -241,7 +243,8 @@ class EngineLoop:
             cp = None
         else:
             cp = slot.checkpoints.get(plan.restore)
-            assert cp is not None, "the plan restores a checkpoint the slot has"
+            if cp is None:
+                raise InvariantError(f"slot {slot.index}: the plan restores a checkpoint at {plan.restore} it lacks")
             slot.restore(cp)
             self.shared.count(restores=1)
         if plan.replay_from is not None:
@@ -322,9 +325,11 @@ class EngineLoop:
         for item in items:
             slot = self.slots[item.index]
             run = slot.run
-            assert run is not None
+            if run is None:
+                raise InvariantError(f"slot {slot.index}: batched without a run")
             if item.decode:
-                assert run.next_token is not None
+                if run.next_token is None:
+                    raise InvariantError(f"slot {slot.index}: batched to decode without a sampled token")
                 tokens = np.array([run.next_token], dtype=np.int32)
                 want = Logits.LAST
             else:
@@ -353,7 +358,8 @@ class EngineLoop:
         for item, segment, logits in zip(items, segments, outputs):
             slot = self.slots[item.index]
             run = slot.run
-            assert run is not None
+            if run is None:
+                raise InvariantError(f"slot {slot.index}: its run ended during the forward")
             if segment.inputs is not None:
                 slot.log.record(slot.memory.n_tokens - len(segment.tokens), segment.inputs, run.seq)
             slot.commit(segment.tokens.tolist())

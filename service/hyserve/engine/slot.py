@@ -17,6 +17,7 @@ import numpy as np
 from hyserve.engine.cache_plan import CachedView, CheckpointKind, MemoryKind, ResumePlan, SlotCandidate
 from hyserve.engine.checkpoints import Checkpoint, CheckpointList
 from hyserve.engine.input_log import InputLog
+from hyserve.engine.invariants import require
 from hyserve.engine.prefix_store import StoredSequence
 from hyserve.engine.stop import StopCheck
 from hyserve.engine.task import Task, Timings, Usage
@@ -94,10 +95,10 @@ class Slot:
     def commit(self, evaluated: Sequence[int]) -> None:
         """Record tokens that a successful forward call has just added to the memory."""
         self.tokens.extend(int(t) for t in evaluated)
-        if len(self.tokens) != self.memory.n_tokens:
-            raise AssertionError(
-                f"slot {self.index}: {len(self.tokens)} tokens but memory holds {self.memory.n_tokens}"
-            )
+        require(
+            len(self.tokens) == self.memory.n_tokens,
+            f"slot {self.index}: {len(self.tokens)} tokens but memory holds {self.memory.n_tokens} (I1)",
+        )
 
     def consistent(self) -> bool:
         return len(self.tokens) == self.memory.n_tokens

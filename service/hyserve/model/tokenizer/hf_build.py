@@ -25,6 +25,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models as _hf_models
 from tokenizers import pre_tokenizers as _hf_pre
 
+from hyserve.model.tokenizer.errors import TokenizerError
 from hyserve.model.tokenizer.pretokenizers import PreSpec
 from hyserve.model.tokenizer.vocabulary import Vocab
 
@@ -114,7 +115,8 @@ def _pre_tokenizer_json(spec: PreSpec) -> Any:
 def _tokenizer_json(vocab: Vocab) -> str:
     """The `tokenizers` JSON for the vocabulary's model (no special tokens: we split those ourselves)."""
     if vocab.kind == "spm":
-        assert vocab.scores is not None
+        if vocab.scores is None:
+            raise TokenizerError("a SentencePiece vocabulary without scores")
         n = len(vocab.tokens)
         extended = dict(vocab.token_ids)
         extended.update((c, n + i) for i, c in enumerate(spm_virtual_chars(vocab.tokens, vocab.token_ids)))
@@ -132,7 +134,8 @@ def _tokenizer_json(vocab: Vocab) -> str:
         }
         pre_tokenizer = None
     else:
-        assert vocab.merges is not None and vocab.pre_spec is not None
+        if vocab.merges is None or vocab.pre_spec is None:
+            raise TokenizerError("a byte-level BPE vocabulary without merges or pre-tokenizer")
         merges = _bpe_merges(vocab.merges, vocab.token_ids)
         model = {
             "type": "BPE",
