@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from hyserve_kernels import CancelFlag
 
-from hyserve.engine.cancel import CancelSource
 from hyserve.engine.engine import CancelOutcome, DuplicateTaskError, Engine, EngineConfig, SlotState
 from hyserve.engine.generator import StopRule
 from hyserve.engine.sampling import SamplingParams
@@ -157,12 +156,12 @@ def test_task_ends_exactly_once_and_drops_later_events() -> None:
     assert not task.end(FailedEvent("late"))
     task.emit(DeltaEvent((1,), "x"))
     assert events == [_finished()]
-    assert task.ended and not task.request_cancel(CancelSource.RPC)
+    assert task.ended and not task.request_cancel()
 
 
 def test_task_cancel_registered_before_the_end_wins() -> None:
     task, events = _task()
-    assert task.request_cancel(CancelSource.RPC)
+    assert task.request_cancel()
     task.end(_finished(FinishReason.MAX_TOKENS))
     assert isinstance(events[-1], FinishedEvent) and events[-1].reason is FinishReason.CANCELLED
 
@@ -172,7 +171,7 @@ def test_task_needs_a_prompt_and_has_its_own_flag() -> None:
         _task(prompt=())
     a, _ = _task("a")
     b, _ = _task("b")
-    a.request_cancel(CancelSource.RPC)
+    a.request_cancel()
     assert a.cancelled and not b.cancelled
 
 

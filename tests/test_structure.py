@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -74,3 +76,38 @@ def test_slot_invariant_holds_under_python_O() -> None:
     )
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("raised slot 0: 2 tokens but memory holds 0")
+
+
+def _declared_dependencies(pyproject: Path) -> set[str]:
+    data = tomllib.loads(pyproject.read_text())
+    project = data["project"]
+    extras = [d for name, deps in project.get("optional-dependencies", {}).items() if name != "test" for d in deps]
+    names = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0] for d in [*project["dependencies"], *extras]}
+    return {n.lower().replace("_", "-") for n in names}
+
+
+def _imported_top_modules(root: Path) -> set[str]:
+    out: set[str] = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                out.add(node.module.split(".")[0])
+    return out
+
+
+def test_every_module_the_service_imports_is_a_declared_dependency() -> None:
+    """`pip install` of the service gives a working `hyserve` command: each third-party module it
+    imports (hyserve_client for the CLI's server subcommands included) comes from a distribution
+    that pyproject.toml declares (or an optional extra other than `test` does, as `default-model`)."""
+    declared = _declared_dependencies(TESTS.parent / "pyproject.toml")
+    providers = importlib.metadata.packages_distributions()
+    missing = []
+    for module in sorted(_imported_top_modules(SERVICE)):
+        if module == "hyserve" or module in sys.stdlib_module_names:
+            continue
+        dists = {d.lower().replace("_", "-") for d in providers.get(module, [])}
+        if not dists & declared:
+            missing.append(f"{module} (from {sorted(dists) or 'no installed distribution'})")
+    assert missing == []

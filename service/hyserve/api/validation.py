@@ -136,11 +136,9 @@ def _chat_messages(chat: pb.ChatInput) -> list[dict[str, Any]]:
 
 
 def prompt_tokens(
-    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate | None
+    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate
 ) -> tuple[list[int], list[int]]:
-    """(prompt token ids, checkpoint-worthy token positions of a chat: see `chat_boundaries`).
-
-    `template` None means chat input cannot be served (no usable chat template)."""
+    """(prompt token ids, checkpoint-worthy token positions of a chat: see `chat_boundaries`)."""
     kind = request.WhichOneof("input")
     if kind is None:
         raise ValidationError("input: exactly one of text, tokens or chat must be set")
@@ -163,8 +161,6 @@ def prompt_tokens(
             raise ValidationError(f"tokens.token_ids: id {bad} is not below the vocabulary size {tokenizer.vocab_size}")
         return ids, []
     # chat
-    if template is None:
-        raise ValidationError("chat: the served model has no chat template; send text or tokens instead")
     messages = _chat_messages(request.chat)
     add_generation_prompt = (
         request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
@@ -278,7 +274,7 @@ def _checkpoint_offsets(offsets: Sequence[int], n_prompt: int) -> tuple[int, ...
 
 
 def prepare_generate(
-    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate | None, limits: RequestLimits
+    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate, limits: RequestLimits
 ) -> PreparedRequest:
     """Validate a GenerateRequest and turn it into what the engine runs. Raises ValidationError."""
     task_id = validate_task_id(request.task_id)

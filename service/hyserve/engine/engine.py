@@ -126,7 +126,7 @@ class Engine:
         with s.lock:
             was_queued = s.queue.remove(task)
             if was_queued:
-                task.request_cancel(source)
+                task.request_cancel()
                 s.record_end_locked(task)
         if was_queued:
             now = time.perf_counter()
@@ -134,7 +134,7 @@ class Engine:
             task.end(FinishedEvent(FinishReason.CANCELLED, usage, Timings(queue_ms=(now - task.received_at) * 1e3)))
             task.log.info("task_cancelled", where="queue", source=source.value)
             return CancelOutcome.CANCELLED
-        if task.request_cancel(source):
+        if task.request_cancel():
             with s.lock:
                 s.wake.notify()
             task.log.info("task_cancel_requested", source=source.value)

@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 
 from hyserve.engine.cache_plan import ReuseSource
-from hyserve.engine.cancel import CancelFlag, CancelSource
+from hyserve.engine.cancel import CancelFlag
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.stop import FinishReason, StopRule
 
@@ -158,12 +158,12 @@ class Task:
     def cancelled(self) -> bool:
         return self.cancel_flag.is_set()
 
-    def request_cancel(self, source: CancelSource) -> bool:
+    def request_cancel(self) -> bool:
         """Raise the cancel flag. False when the task has already ended (nothing changes)."""
         with self._lock:
             if self.state is TaskState.ENDED:
                 return False
-            self.cancel_flag.set(source)
+            self.cancel_flag.set()
             return True
 
     def emit(self, event: AcceptedEvent | DeltaEvent) -> None:
