@@ -30,11 +30,10 @@ from hyserve.engine.cache_plan import (
     CheckpointKind,
     EvictionCandidate,
     LogBlockView,
+    QueuedPrompt,
     ResumePlan,
-    checkpoint_schedule,
     choose_evictions,
     choose_log_evictions,
-    common_prefix_len,
     plan_admissions,
 )
 from hyserve.engine.checkpoints import Checkpoint, CheckpointList
@@ -143,7 +142,13 @@ class EngineLoop:
         with self.shared.lock:
             queued = list(self.shared.queue)
             store = self.store.candidates() if self.store.enabled else []
-            plan = plan_admissions([(t.prompt, t.cache_prompt) for t in queued], [s.candidate() for s in free], store)
+            plan = plan_admissions(
+                [QueuedPrompt(t.prompt, t.cache_prompt, t.message_boundaries, t.checkpoint_offsets) for t in queued],
+                [s.candidate() for s in free],
+                store,
+                store_enabled=self.store.enabled,
+                checkpoint_interval=self.config.checkpoint_interval,
+            )
             tasks = [self.shared.queue.pop() for _ in plan]
             for task in tasks:
                 task.state = TaskState.RUNNING
@@ -180,17 +185,15 @@ class EngineLoop:
         """Prepare the slot's memory for the task's resume point (from `entry`, the planned store
         entry, if any) and create its run."""
         plan = admission.plan
+        if admission.stash:
+            self._stash(slot)
         if entry is not None:
-            if common_prefix_len(slot.tokens, task.prompt) < slot.last_prompt_len:
-                self._stash(slot)
             first_logits = self._load_from_store(slot, entry, plan)
+            if admission.discard_entry:  # the slot now holds all of it
+                self.store.discard(entry.key)
         else:
-            if self.store.enabled and task.cache_prompt:
-                # the slot loses more than its last generation: keep that state for later
-                if plan.resume < len(slot.tokens) and plan.matched < slot.last_prompt_len:
-                    self._stash(slot)
-                if plan.reprocessed or plan.resume == 0:  # the store had nothing better either
-                    self.shared.count(prefix_store_misses=1)
+            if admission.store_miss:
+                self.shared.count(prefix_store_misses=1)
             first_logits = self._apply_plan(slot, plan)
         with self.shared.lock:
             c = self.shared.counters
@@ -205,16 +208,6 @@ class EngineLoop:
         require(len(slot.tokens) == plan.resume, f"slot {slot.index}: {len(slot.tokens)} tokens, {plan.resume} planned")
         slot.last_prompt_len = len(task.prompt)
         self._admissions += 1
-        schedule: list[tuple[int, CheckpointKind]] = []
-        if task.cache_prompt:
-            schedule = checkpoint_schedule(
-                plan.resume,
-                len(task.prompt),
-                slot.kind,
-                task.message_boundaries,
-                task.checkpoint_offsets,
-                self.config.checkpoint_interval,
-            )
         run = Run(
             task=task,
             slot=slot,
@@ -225,7 +218,7 @@ class EngineLoop:
             rng=np.random.default_rng(task.params.seed),
             pos=plan.resume,
             history=list(task.prompt),
-            schedule=deque(schedule),
+            schedule=deque(admission.checkpoints),
             first_logits=first_logits,
         )
         slot.run = run
@@ -259,8 +252,6 @@ class EngineLoop:
         else:
             slot.load_for_replay(entry, plan.replay_from, cp, plan.resume)
             self.shared.count(replays=1, replayed_tokens=slot.replay(self.arch, entry.tokens, plan.resume))
-        if plan.resume == len(entry.tokens):  # the slot now holds all of it
-            self.store.discard(entry.key)
         self.shared.count(checkpoints_invalidated=len(dropped), restores=1, prefix_store_hits=1)
         return cp.logits if cp is not None and plan.from_logits else None
 

@@ -90,7 +90,7 @@ class Slot:
 
     def candidate(self) -> SlotCandidate:
         view = CachedView(self.tokens, self.memory.live_floor, self.checkpoints.views(), self.log.runs())
-        return SlotCandidate(self.index, view, self.last_used)
+        return SlotCandidate(self.index, view, self.last_used, self.last_prompt_len, self.kind)
 
     def commit(self, evaluated: Sequence[int]) -> None:
         """Record tokens that a successful forward call has just added to the memory."""
