@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +133,7 @@ def input_bytes_per_token(model: LoadedModel) -> int:
 
 
 def _rig(
-    path: Path, n_slots: int, checkpoints_kept: int = 3, replay_tokens: int = 48, device: str = "cpu"
+    path: Path, n_slots: int, checkpoints_kept: int = 3, replay_tokens: int = 16, device: str = "cpu"
 ) -> Iterator[Rig]:
     model = load_model(path, device=device)
     # budgets in units of one checkpoint (attention-only memory: logits only) so eviction happens
@@ -337,23 +337,18 @@ def test_cache_is_transparent_on_the_gpu(gpu_rig: Rig, data: st.DataObject) -> N
     run_example(gpu_rig, data)
 
 
-def exercise(rig: Rig, examples: int) -> None:
-    """Run the property on `rig` here when its own test has not (this test run alone or selected)."""
-    if rig.examples:
-        return
-
-    @settings(SETTINGS, max_examples=examples)
-    @given(data=st.data())
-    def prop(data: st.DataObject) -> None:
-        run_example(rig, data)
-
-    prop()
+def exercise(rig: Rig, prop: Callable[..., None], **fixture: Rig) -> None:
+    """Run a property test here, with its own examples, when it has not run on `rig` yet (this test
+    run alone or selected with -k)."""
+    if not rig.examples:
+        prop(**fixture)
 
 
 def test_the_runs_exercised_the_cache(rig1: Rig, rig2: Rig, attention_rig: Rig) -> None:
     """Guards against a vacuous property: the random runs did restore, evict and use the store."""
-    for rig, examples in ((rig1, EXAMPLES), (rig2, EXAMPLES), (attention_rig, EXAMPLES // 2)):
-        exercise(rig, examples)
+    exercise(rig1, test_cache_is_transparent_on_one_slot, rig1=rig1)
+    exercise(rig2, test_cache_is_transparent_on_two_slots, rig2=rig2)
+    exercise(attention_rig, test_cache_is_transparent_on_attention_only_memory, attention_rig=attention_rig)
     for rig in (rig1, rig2, attention_rig):
         c = rig.engine.stats().counters
         assert c.restores > 0 and c.checkpoints_evicted > 0 and c.checkpoints_invalidated > 0
