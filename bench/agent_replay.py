@@ -47,6 +47,7 @@ from cache_ledger import Ledger
 from fixtures.make_models import CHAT_TEMPLATE
 from server_process import running_server
 
+from hyserve.logging_setup import configure_logging
 from hyserve.model.loader import load_model
 from hyserve_client import Accepted, Delta, Finished, HyserveClient
 
@@ -235,7 +236,7 @@ def replay(target: str, ledger: Ledger, gen: int) -> list[dict]:
                         "request_s": round(seconds, 3),
                     }
                 )
-                print(json.dumps(rows[-1]), flush=True)
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
 
@@ -288,6 +289,7 @@ def main() -> None:
     ap.add_argument("--replay-memory", type=int, default=None, help="the server's --replay-memory (MiB)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         template = Path(tmp) / "template.jinja"  # Qwen3.5-style: drops earlier reasoning

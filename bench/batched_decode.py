@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hyserve.logging_setup import configure_logging
+
 PROMPT_LEN = 64
 TEXTS = [
     "The history of computing is a story of abstraction layered on abstraction. ",
@@ -223,6 +225,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--name", default="batched_decode_gemma3_270m")
     args = ap.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
 
     from hyserve.model.loader import resolve_model_path
 

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from hyserve.logging_setup import configure_logging
+
 PROMPTS = [
     "Once upon a time, in a small village by the sea,",
     "The three most important ideas in computer science are",
@@ -98,6 +100,7 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
 
     import hyserve_kernels
 
@@ -118,7 +121,7 @@ def main() -> None:
         run(engine, model, timer, n, 4, params)  # warm-up
         rows.append(run(engine, model, timer, n, args.max_tokens, params))
         engine.shutdown()
-        print(json.dumps(rows[-1]), flush=True)
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     result = {
         "model": args.model,
         "sampling": "greedy" if args.top_k == 0 else f"temperature 0.8, top-k {args.top_k}",

@@ -23,6 +23,7 @@ from fixtures import make_models  # noqa: E402
 from test_gpu_hybrid_models import CASES as HYBRID_CASES  # noqa: E402
 from test_gpu_models import CASES, TEXT  # noqa: E402
 
+from hyserve.logging_setup import configure_logging  # noqa: E402
 from hyserve.model.architectures.base import Logits, Segment  # noqa: E402
 from hyserve.model.backend import open_backend  # noqa: E402
 from hyserve.model.gguf_file import GGUFFile  # noqa: E402
@@ -52,6 +53,7 @@ def main() -> None:
     p.add_argument("--adapter", default=None)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
     gpu = open_backend("gpu", gpu_adapter=args.adapter)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,12 +69,16 @@ def main() -> None:
     result = {"adapter": gpu.description, "cases": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_agreement.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"adapter: {gpu.description}\n")
-    print("| case | tokens | mean KL | top-1 | top-1 up to ties | bit-identical |\n|---|---|---|---|---|---|")
+    print(json.dumps(result, indent=2))
+    # the README's table, for a person reading the run
+    print(f"adapter: {gpu.description}\n", file=sys.stderr)
+    header = "| case | tokens | mean KL | top-1 | top-1 up to ties | bit-identical |\n|---|---|---|---|---|---|"
+    print(header, file=sys.stderr)
     for r in rows:
         print(
             f"| {r['case']} | {r['tokens']} | {r['mean_kl']:.1e} | {100 * r['top1']:.1f}% | "
-            f"{100 * r['top1_up_to_ties']:.1f}% | {'yes' if r['bit_identical'] else 'no'} |"
+            f"{100 * r['top1_up_to_ties']:.1f}% | {'yes' if r['bit_identical'] else 'no'} |",
+            file=sys.stderr,
         )
 
 

@@ -27,6 +27,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hyserve.logging_setup import configure_logging
+
 TEXT = (
     "The history of computing is a story of abstraction layered on abstraction. Early machines were "
     "programmed by rewiring panels; later, stored programs let the same hardware run many tasks. "
@@ -253,6 +255,7 @@ def main() -> None:
     p.add_argument("--name", default="gpu_bench")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
     result = {
         "machine": platform.processor() or platform.machine(),
         "date": time.strftime("%Y-%m-%d"),

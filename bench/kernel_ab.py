@@ -95,7 +95,7 @@ def main() -> None:
                 times[name] += steps(proc, k, args.block)
         med = {name: 1e3 * statistics.median(v) for name, v in times.items()}
         result["runs"].append({"k": k, "step_ms": med, "b_over_a": med["b"] / med["a"]})
-        print(json.dumps(result["runs"][-1]), flush=True)
+        print(json.dumps(result["runs"][-1]), file=sys.stderr, flush=True)
     result["load_after"] = os.getloadavg()
     for proc in procs.values():
         proc.terminate()

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hyserve.logging_setup import configure_logging
+
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path.insert(0, str(TESTS))
 
@@ -68,6 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "oracle_report.json")
     args = ap.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
     with tempfile.TemporaryDirectory() as tmp:
         rows = [measure(arch, qtype, kw, Path(tmp)) for arch, qtype, kw in cases()]
     worst = {

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from loopback import Replica, wait_until
 
+from hyserve.logging_setup import configure_logging
 from hyserve.model.loader import load_model
 from hyserve_client import HyserveClient
 
@@ -85,6 +86,7 @@ def main() -> int:
     parser.add_argument("--name", default="gemma3_270m")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
     tok = load_model(args.model).tokenizer
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,7 +97,7 @@ def main() -> int:
                 ids = tok.encode(f"Document {i}. " + TEXT * (fill // 8), add_special=True)
                 prompts.append(ids[:fill])
             results.append(measure(args.model, slots, ctx, args.threads, prompts, Path(tmp)))
-            print(json.dumps(results[-1]), flush=True)
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     report = {"model": args.model, "name": args.name, "threads": args.threads, "shapes": results}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"replica_memory_{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")

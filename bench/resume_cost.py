@@ -25,6 +25,7 @@ import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.engine.input_log import InputLog
+from hyserve.logging_setup import configure_logging
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import load_model
 
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
     hk.set_num_threads(args.threads)
     model = load_model(args.model)
     arch, n = model.arch, args.tokens

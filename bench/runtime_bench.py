@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hyserve.logging_setup import configure_logging
+
 PROMPT_SEED_TEXT = (
     "The history of computing is a story of abstraction layered on abstraction. Early machines were "
     "programmed by rewiring panels; later, stored programs let the same hardware run many tasks. "
@@ -182,6 +184,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--name", default="runtime_gemma3_270m")
     args = ap.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
 
     from hyserve.model.loader import resolve_model_path
 

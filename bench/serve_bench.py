@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from server_process import running_server
 
+from hyserve.logging_setup import configure_logging
+
 PROMPTS = [
     "Once upon a time, in a small village by the sea,",
     "The three most important ideas in computer science are",
@@ -184,6 +186,7 @@ def main() -> None:
     ap.add_argument("--overhead-repeats", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
     args.out.mkdir(parents=True, exist_ok=True)
 
     local = InProcessEngine(args.threads, n_ctx=1024)

@@ -1,6 +1,6 @@
 """The prompt cache's decisions (engine/cache_plan.py) over tables of cases, without a model.
 
-Scenario numbers refer to ../shared/reference/llama-server-checkpoints.md section 9; where our
+Scenario numbers refer to the scenario list of llama.cpp server's checkpoint notes (section 9); where our
 rules differ from llama.cpp's on purpose the comment says how.
 """
 
@@ -10,13 +10,16 @@ import pytest
 
 from hyserve.engine.cache_plan import (
     CachedView,
+    ChatLayout,
     CheckpointKind,
     CheckpointView,
     EvictionCandidate,
     LogBlockView,
     MemoryKind,
+    QueuedPrompt,
     SlotCandidate,
     StoreCandidate,
+    chat_checkpoint_positions,
     checkpoint_schedule,
     choose_evictions,
     choose_log_evictions,
@@ -405,3 +408,54 @@ def test_subsumes_counts_replays() -> None:
     assert subsumes(logged(T_AFTER, ((0, 119),), CP(50)), old)
     assert not subsumes(recurrent(T_AFTER, CP(50), CP(100)), old)  # 60 was reachable in old only
     assert not subsumes(logged(T_AFTER, ((0, 60), (61, 119)), CP(50)), old)
+
+
+def test_admission_stashes_a_slot_only_when_it_loses_more_than_its_last_generation() -> None:
+    prompt_a = seq(40)
+    held = [*prompt_a, *seq(10, 800)]  # A's prompt and what it generated
+    a_slot = SlotCandidate(0, recurrent(held, CP(40, True)), 1, last_prompt_len=40, kind=MemoryKind.HYBRID)
+    # another conversation overwrites the slot: A's state goes to the store first
+    [adm] = plan_admissions([QueuedPrompt(seq(30, 500))], [a_slot], store_enabled=True)
+    assert (adm.stash, adm.store_miss, adm.discard_entry) == (True, True, False)
+    # A's next turn (drops the generated tail only): nothing worth stashing, no miss
+    [adm] = plan_admissions([QueuedPrompt([*prompt_a, 7, 8])], [a_slot], store_enabled=True)
+    assert (adm.stash, adm.store_miss, adm.plan.resume) == (False, False, 40)
+    # the store off: never
+    [adm] = plan_admissions([QueuedPrompt(seq(30, 500))], [a_slot])
+    assert (adm.stash, adm.store_miss) == (False, False)
+
+
+def test_admission_discards_a_store_entry_the_slot_takes_whole() -> None:
+    conv = seq(80)
+    free = [SlotCandidate(0, recurrent([]), 0, kind=MemoryKind.RECURRENT)]
+    whole = [StoreCandidate(7, recurrent(conv, CP(80, True)))]
+    [adm] = plan_admissions([QueuedPrompt([*conv, 5])], free, whole, store_enabled=True)
+    assert (adm.store_key, adm.plan.resume, adm.discard_entry, adm.stash) == (7, 80, True, False)
+    part = [StoreCandidate(7, recurrent([*conv, *seq(5, 900)], CP(80, True)))]
+    [adm] = plan_admissions([QueuedPrompt([*conv, 5])], free, part, store_enabled=True)
+    assert (adm.store_key, adm.plan.resume, adm.discard_entry) == (7, 80, False)
+
+
+def test_admission_carries_the_checkpoint_schedule() -> None:
+    free = [SlotCandidate(0, recurrent([]), 0, kind=MemoryKind.HYBRID)]
+    q = QueuedPrompt(seq(100), message_boundaries=(10, 40), checkpoint_offsets=(70,))
+    [adm] = plan_admissions([q], free, checkpoint_interval=64)
+    assert adm.checkpoints == tuple(checkpoint_schedule(0, 100, MemoryKind.HYBRID, (10, 40), (70,), 64))
+    assert [p for p, _ in adm.checkpoints] == [10, 40, 64, 70, 100]
+    [adm] = plan_admissions([QueuedPrompt(seq(100), cache_prompt=False)], free)
+    assert adm.checkpoints == ()
+    attention_only = [SlotCandidate(0, attention([]), 0)]
+    [adm] = plan_admissions([q], attention_only, checkpoint_interval=64)
+    assert adm.checkpoints == ((100, CheckpointKind.PROMPT_END),)
+
+
+def test_chat_checkpoint_positions() -> None:
+    text = "<s>user: hi there</s><s>assistant: <think>hmm</think>ok</s><s>assistant:"
+    gen_at = text.rindex("<s>assistant:")
+    layout = ChatLayout(text, (0, text.index("<s>assistant")), gen_at, ("hi there", "ok"), ("", "hmm"))
+    starts = list(range(len(text)))  # one token per character
+    got = chat_checkpoint_positions(layout, starts)
+    think = text.index("<think>")
+    want = {layout.message_starts[1], text.index("hi there"), text.index("ok</s>"), think}
+    want |= set(range(gen_at, min(len(text), gen_at + 16)))
+    assert got == sorted(p for p in want if 0 < p < len(text))

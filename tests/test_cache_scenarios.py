@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import pytest
 from cache_ledger import Ledger
+from fixtures import make_models
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import free_port, running_server
 
@@ -32,8 +33,6 @@ from hyserve.engine.generator import StopRule, generate
 from hyserve.engine.sampling import SamplingParams
 from hyserve.model.loader import LoadedModel, load_model
 from hyserve_client import Accepted, Delta, Finished, FinishReason, HyserveClient, HyserveError
-
-make_models = pytest.importorskip("fixtures.make_models")
 
 GEN = 3  # completion tokens per request: short, the prompts are what matters here
 ACTIVE_GEN = 200  # scenario (g): the active task generates while another waits and is cancelled

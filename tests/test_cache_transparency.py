@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import make_models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,8 +42,6 @@ from hyserve.engine.task import DeltaEvent, Event, FailedEvent, FinishedEvent, F
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import LoadedModel, load_model
 from hyserve.model.memory import SequenceMemory, Snapshot
-
-make_models = pytest.importorskip("fixtures.make_models")
 
 VOCAB_LO, VOCAB_HI = 10, 400  # plain tokens of the fixture vocabulary
 EXAMPLES = 200  # per hybrid engine (1 and 2 slots), half that for attention-only: 500 per run
@@ -106,6 +105,7 @@ class Rig:
     reference: Engine
     history: list[list[int]]  # this example's prompts (+ answers): material for extensions and edits
     cache: dict[tuple[tuple[int, ...], int], Outcome]
+    examples: int = 0  # property examples run on this rig
 
     def expected(self, prompt: list[int], n: int) -> Outcome:
         key = (tuple(prompt), n)
@@ -133,7 +133,7 @@ def input_bytes_per_token(model: LoadedModel) -> int:
 
 
 def _rig(
-    path: Path, n_slots: int, checkpoints_kept: int = 3, replay_tokens: int = 48, device: str = "cpu"
+    path: Path, n_slots: int, checkpoints_kept: int = 3, replay_tokens: int = 16, device: str = "cpu"
 ) -> Iterator[Rig]:
     model = load_model(path, device=device)
     # budgets in units of one checkpoint (attention-only memory: logits only) so eviction happens
@@ -225,6 +225,7 @@ def run_example(rig: Rig, data: st.DataObject) -> None:
     # what the draws depend on must be the same when hypothesis replays an example: a per-example
     # history of deterministic material (prompts, and reference answers of uncancelled requests)
     rig.history = []
+    rig.examples += 1
     settle(rig.engine)
     for _ in range(data.draw(st.integers(2, 6), label="steps")):
         batch = data.draw(st.integers(1, 3), label="batch")
@@ -248,7 +249,7 @@ def run_example(rig: Rig, data: st.DataObject) -> None:
 
 def settle(engine: Engine) -> None:
     """Cancel what a failed earlier example left running, and wait until the engine is idle."""
-    for task in list(engine._live.values()):
+    for task in engine.live_tasks():
         engine.cancel_task(task, CancelSource.SHUTDOWN)
     deadline = time.monotonic() + 60
     while not engine.idle() and time.monotonic() < deadline:
@@ -275,7 +276,7 @@ def same_states(a: Snapshot, b: Snapshot) -> bool:
 
 def check_memory_invariants(rig: Rig) -> None:
     engine = rig.engine
-    assert engine.idle(), f"every task has ended: {engine._live}"
+    assert engine.idle(), f"every task has ended: {engine.live_tasks()}"
     for slot in engine.slots:
         assert slot.run is None and len(slot.tokens) == slot.memory.n_tokens  # I1 bookkeeping
         fresh = fresh_state(rig, slot.tokens)
@@ -352,8 +353,18 @@ def test_cache_is_transparent_on_the_gpu_with_recurrent_memory(hybrid_gpu_rig: R
     run_example(hybrid_gpu_rig, data)
 
 
+def exercise(rig: Rig, prop: Callable[..., None], **fixture: Rig) -> None:
+    """Run a property test here, with its own examples, when it has not run on `rig` yet (this test
+    run alone or selected with -k)."""
+    if not rig.examples:
+        prop(**fixture)
+
+
 def test_the_runs_exercised_the_cache(rig1: Rig, rig2: Rig, attention_rig: Rig) -> None:
     """Guards against a vacuous property: the random runs did restore, evict and use the store."""
+    exercise(rig1, test_cache_is_transparent_on_one_slot, rig1=rig1)
+    exercise(rig2, test_cache_is_transparent_on_two_slots, rig2=rig2)
+    exercise(attention_rig, test_cache_is_transparent_on_attention_only_memory, attention_rig=attention_rig)
     for rig in (rig1, rig2, attention_rig):
         c = rig.engine.stats().counters
         assert c.restores > 0 and c.checkpoints_evicted > 0 and c.checkpoints_invalidated > 0

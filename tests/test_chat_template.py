@@ -8,12 +8,8 @@ from typing import Any
 
 import pytest
 
-from hyserve.model.chat_template import (
-    ChatTemplate,
-    ChatTemplateError,
-    RenderedChat,
-    message_token_offsets,
-)
+from hyserve.engine.cache_plan import message_token_offsets
+from hyserve.model.chat_template import ChatTemplate, ChatTemplateError, RenderedChat
 
 # The public Gemma 3 instruct chat template (google/gemma-3-*-it tokenizer_config.json).
 GEMMA3_TEMPLATE = """{{ bos_token }}

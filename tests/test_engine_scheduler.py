@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from hyserve_kernels import CancelFlag
 
-from hyserve.engine.cancel import CancelSource
 from hyserve.engine.engine import CancelOutcome, DuplicateTaskError, Engine, EngineConfig, SlotState
 from hyserve.engine.generator import StopRule
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.scheduler import BatchItem, BoundedFifo, QueueFullError, SlotWork, compose_batch
+from hyserve.engine.stop import StopStringFilter
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -29,7 +29,6 @@ from hyserve.engine.task import (
     FinishedEvent,
     FinishReason,
     ReuseSource,
-    StopStringFilter,
     Task,
     Timings,
     Usage,
@@ -157,12 +156,12 @@ def test_task_ends_exactly_once_and_drops_later_events() -> None:
     assert not task.end(FailedEvent("late"))
     task.emit(DeltaEvent((1,), "x"))
     assert events == [_finished()]
-    assert task.ended and not task.request_cancel(CancelSource.RPC)
+    assert task.ended and not task.request_cancel()
 
 
 def test_task_cancel_registered_before_the_end_wins() -> None:
     task, events = _task()
-    assert task.request_cancel(CancelSource.RPC)
+    assert task.request_cancel()
     task.end(_finished(FinishReason.MAX_TOKENS))
     assert isinstance(events[-1], FinishedEvent) and events[-1].reason is FinishReason.CANCELLED
 
@@ -172,7 +171,7 @@ def test_task_needs_a_prompt_and_has_its_own_flag() -> None:
         _task(prompt=())
     a, _ = _task("a")
     b, _ = _task("b")
-    a.request_cancel(CancelSource.RPC)
+    a.request_cancel()
     assert a.cancelled and not b.cancelled
 
 
@@ -324,9 +323,9 @@ def arch() -> FakeArch:
 def make_engine(arch: FakeArch):  # -> Callable[..., Engine]
     engines: list[Engine] = []
 
-    def make(**kw: int) -> Engine:
+    def make(tokenizer: FakeTokenizer | None = None, **kw: int) -> Engine:
         config = EngineConfig(**{"n_slots": 1, "n_ctx": 64, "queue_size": 4, "prompt_chunk": 4, **kw})
-        engine = Engine(arch, FakeTokenizer(), config)  # type: ignore[arg-type]
+        engine = Engine(arch, tokenizer or FakeTokenizer(), config)  # type: ignore[arg-type]
         engine.start()
         engines.append(engine)
         return engine
@@ -536,11 +535,10 @@ def test_engine_stop_rules(make_engine) -> None:
 
 
 def test_engine_eos_and_ignore_eos(make_engine) -> None:
-    engine = make_engine()
     tok = FakeTokenizer()
     first = reference(PROMPT, 1)[0]
     tok.eog_ids = frozenset({first})  # type: ignore[misc]
-    engine.tokenizer = tok  # type: ignore[assignment]
+    engine = make_engine(tokenizer=tok)
     events = submit(engine, "e", PROMPT).wait_end()
     assert tokens_of(events) == [first] and finished_of(events).reason is FinishReason.EOS
     events = submit(engine, "i", PROMPT, stop=StopRule(max_tokens=3, ignore_eos=True)).wait_end()

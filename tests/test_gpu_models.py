@@ -9,13 +9,13 @@ from pathlib import Path
 import hyserve_kernels as hk
 import numpy as np
 import pytest
+from fixtures import make_models
 
 from hyserve.model.architectures.base import ForwardCancelled, Logits, Segment
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.loader import ARCHITECTURES, load_model
 from llama_oracle import kl_per_position, top1_agreement_up_to_ties
 
-make_models = pytest.importorskip("fixtures.make_models")
 TEXT = "def main():\n    print('hello world')\n    return 0\n# The quick brown fox jumps over the lazy dog.\n" * 3
 
 # every weight type the fixtures make, on both transformer families with a GPU path

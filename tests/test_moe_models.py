@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import make_models
 
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import LoadedModel, load_model
 from llama_oracle import LlamaOracle, kl_per_position, top1_agreement
 
-make_models = pytest.importorskip("fixtures.make_models")
 TEXT = "def main():\n    print('hello world')\n    return 0\n# The quick brown fox jumps over the lazy dog.\n" * 12
 KQUANT = {"embd": 256, "ff": 512, "head_dim": 64, "expert_ff": 256, "shared_ff": 256}
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import hyserve_kernels as hk
 import numpy as np
 import pytest
+from fixtures import make_models
 
 from hyserve.model.architectures.base import ForwardCancelled, Logits, Segment
 from hyserve.model.loader import load_model
 from llama_oracle import LlamaOracle, kl_per_position, top1_agreement
 
-make_models = pytest.importorskip("fixtures.make_models")
 TEXT = "def main():\n    print('hello world')\n    return 0\n# The quick brown fox jumps over the lazy dog.\n" * 12
 
 

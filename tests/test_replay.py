@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixtures import make_models
 
 from hyserve.engine.input_log import InputLog
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import load_model
 from hyserve.model.memory import SequenceMemory
-
-make_models = pytest.importorskip("fixtures.make_models")
 
 CASES = [("qwen35", "q8_0", {}), ("mamba2", "q8_0", {}), ("qwen3next", "f32", {"legacy_ssm_in": True})]
 CHUNKS = [(0, 5), (5, 6), (6, 40), (40, 41), (41, 42), (42, 90)]  # prompt chunks and decode steps

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -82,3 +84,111 @@ def test_greedy_takes_the_first_maximum() -> None:
     logits = np.zeros(N_VOCAB, np.float32)
     logits[[70000, 9, 200000]] = 5.0
     assert sample(logits, [], SamplingParams(), np.random.default_rng(0)) == 9
+
+
+# --- the distribution itself: chi-square over seeds against the definitions -----------------------
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for a chi-square variable with `df` degrees of freedom (series of the lower
+    regularized gamma function; plenty for the statistics here)."""
+    a, z = df / 2.0, float(x) / 2.0
+    if z <= 0:
+        return 1.0
+    if z > a + 40.0 * math.sqrt(a) + 40.0:  # far in the tail (< 1e-15), where the series overflows
+        return 0.0
+    term = total = 1.0 / a
+    n = 0
+    while term > total * 1e-15:
+        n += 1
+        term *= z / (a + n)
+        total += term
+    lower = math.exp(a * math.log(z) - z - math.lgamma(a)) * total
+    return max(0.0, 1.0 - lower)
+
+
+def defined_distribution(logits: np.ndarray, history: list[int], p: SamplingParams) -> np.ndarray:
+    """The proto's definitions, written out one token at a time: penalties over the last
+    `penalty_last_n` tokens (repetition divides a positive logit and multiplies a negative one,
+    then count x frequency and presence are subtracted), temperature, softmax, then in descending
+    order top-k, top-p (the smallest prefix whose probability reaches top_p) and min-p (at least
+    min_p times the most likely token's probability), renormalised."""
+    x = [float(v) for v in logits]
+    recent = history[-p.penalty_last_n :] if p.penalty_last_n > 0 else []
+    for tok in set(recent):
+        count = recent.count(tok)
+        v = x[tok]
+        v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
+        x[tok] = v - count * p.frequency_penalty - p.presence_penalty
+    x = [v / p.temperature for v in x]
+    top = max(x)
+    weights = [math.exp(v - top) for v in x]
+    total = sum(weights)
+    probs = [w / total for w in weights]
+    order = sorted(range(len(x)), key=lambda i: (-x[i], i))
+    if p.top_k > 0:
+        order = order[: p.top_k]
+        kept_total = sum(probs[i] for i in order)
+        probs = [q / kept_total if i in order else 0.0 for i, q in enumerate(probs)]
+    if p.top_p < 1.0:
+        cum, cut = 0.0, len(order)
+        for n, i in enumerate(order):
+            cum += probs[i]
+            if cum >= p.top_p:
+                cut = n + 1
+                break
+        order = order[:cut]
+    if p.min_p > 0.0:
+        best = probs[order[0]]
+        order = [i for i in order if probs[i] >= p.min_p * best]
+    out = np.zeros(len(x))
+    for i in order:
+        out[i] = probs[i]
+    return out / out.sum()
+
+
+HISTORY = [3, 3, 3, 7, 11, 11, 42, 5, 3, 200, 7]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=0.7, top_p=0.8),
+        dict(temperature=1.3, min_p=0.1),
+        dict(temperature=1.0, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2, penalty_last_n=8),
+        dict(temperature=0.9, top_k=12, top_p=0.9, min_p=0.05, repetition_penalty=1.1),
+        dict(temperature=1.0),
+    ],
+    ids=str,
+)
+def test_sampled_distribution_matches_the_definitions(params: dict) -> None:
+    """20,000 draws (one per seed) land on exactly the tokens the definitions keep, in proportions
+    a chi-square test cannot tell from the defined probabilities."""
+    rng = np.random.default_rng(1)
+    logits = (rng.standard_normal(300) * 1.5).astype(np.float32)
+    logits[[3, 7, 11, 42, 5]] = [4.0, 3.6, 3.5, 3.0, -2.0]  # strong candidates, some in the history
+    p = SamplingParams(**params)
+    want = defined_distribution(logits, HISTORY, p)
+    n = 20_000
+    counts = np.bincount([sample(logits, HISTORY, p, np.random.default_rng(seed)) for seed in range(n)], minlength=300)
+    assert set(np.flatnonzero(counts)) <= set(np.flatnonzero(want)), "drew a token the definitions drop"
+    expected = want * n
+    big = expected >= 5  # bins with fewer expected draws are pooled into one
+    obs = [*counts[big], counts[~big].sum()]
+    exp = [*expected[big], expected[~big].sum()]
+    if exp[-1] < 5:
+        obs, exp = [*obs[:-2], obs[-2] + obs[-1]], [*exp[:-2], exp[-2] + exp[-1]]
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp) if e > 0)
+    assert chi2_sf(stat, len(obs) - 1) > 1e-3, (stat, len(obs) - 1)
+
+
+def test_the_chi_square_check_can_fail() -> None:
+    """The check above rejects a sampler that ignores the penalties."""
+    logits = np.linspace(3.0, 0.0, 20).astype(np.float32)
+    with_penalty = SamplingParams(temperature=1.0, repetition_penalty=2.0, penalty_last_n=8)
+    want = defined_distribution(logits, [0, 0, 1], with_penalty)
+    wrong = defined_distribution(logits, [0, 0, 1], SamplingParams(temperature=1.0))
+    n = 5000
+    stat = sum((n * w - n * g) ** 2 / (n * g) for w, g in zip(wrong, want) if g > 0)
+    assert chi2_sf(stat, len(logits) - 1) < 1e-6
+    assert abs(chi2_sf(3.84, 1) - 0.05) < 1e-3 and abs(chi2_sf(18.31, 10) - 0.05) < 1e-3

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import make_models
 from server_process import running_server
 
 from hyserve_client import Accepted, Delta, Finished, HyserveClient
-
-make_models = pytest.importorskip("fixtures.make_models")
 
 
 def reference(model_path: Path, token_ids: list[int], n: int) -> list[int]:

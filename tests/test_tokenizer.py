@@ -25,7 +25,8 @@ import pytest
 from fixtures.bpe_vocab import MULTILINGUAL_TEXT, SPECIAL_TOKENS, write_bpe_vocab_gguf
 
 from hyserve.model.gguf_file import GGUFFile
-from hyserve.model.tokenizer import _UNICODE16_ADDITIONS, IncrementalDecoder, Tokenizer, TokenizerError
+from hyserve.model.tokenizer import IncrementalDecoder, Tokenizer, TokenizerError
+from hyserve.model.tokenizer.pretokenizers import UNICODE16_ADDITIONS
 
 BPE_PRES = ("qwen2", "qwen35", "llama3", "gpt-2", "default")
 GEMMA_SPECIALS = ("<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>", "<mask>", "<unk>",
@@ -604,7 +605,7 @@ def test_bpe_ids_match_llama_per_code_point(bpe_case: tuple[str, Path, Tokenizer
     including every code point Unicode 16 added (llama.cpp's tables are older)."""
     _, _, tok = bpe_case
     cps = [c for c in range(1, 0x110000, 41) if not 0xD800 <= c <= 0xDFFF]
-    cps += [c for a, b in _UNICODE16_ADDITIONS for c in range(a, b + 1)]
+    cps += [c for a, b in UNICODE16_ADDITIONS for c in range(a, b + 1)]
     chunk = 48
     bad = []
     for i in range(0, len(cps), chunk):

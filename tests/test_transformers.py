@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import make_models
 
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import load_model
 from llama_oracle import LlamaOracle, kl_per_position, top1_agreement
-
-make_models = pytest.importorskip("fixtures.make_models")
 
 CASES = [
     ("llama", "f32", {}),

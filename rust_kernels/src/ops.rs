@@ -300,22 +300,6 @@ pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     gated(gate, up, gelu, out)
 }
 
-/// Softmax over each row of `n`, in place (max-subtracted; the sum in f64 as ggml does).
-pub fn softmax(x: &mut [f32], n: usize) {
-    for row in x.chunks_exact_mut(n) {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let mut sum = 0.0f64;
-        for v in row.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v as f64;
-        }
-        let inv = (1.0 / sum) as f32;
-        for v in row.iter_mut() {
-            *v *= inv;
-        }
-    }
-}
-
 /// Dequantize rows `ids` of an embedding table whose rows have `n` elements.
 pub fn get_rows(t: GgmlType, data: &[u8], n: usize, ids: &[i32], out: &mut [f32]) {
     let rb = t.row_bytes(n);

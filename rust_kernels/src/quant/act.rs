@@ -2,33 +2,10 @@
 //! `vec_dot_type`). Scales are kept as f32 holding the exact value llama.cpp would use
 //! (already rounded to f16 where llama.cpp stores an f16).
 
+pub use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1};
 use super::ActFormat;
 use half::{bf16, f16};
 use rayon::prelude::*;
-
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct BlockQ8_0 {
-    pub d: f32,
-    pub qs: [i8; 32],
-}
-
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct BlockQ8_1 {
-    pub d: f32,
-    /// f16(d_unrounded * sum(qs)), as llama.cpp stores it
-    pub s: f32,
-    pub qs: [i8; 32],
-}
-
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct BlockQ8K {
-    pub d: f32,
-    pub qs: [i8; 256],
-    pub bsums: [i16; 16],
-}
 
 /// `rows` activation rows of `n` elements each, converted to one format.
 pub enum Activations {
@@ -129,7 +106,7 @@ pub fn quantize_q8_0(x: &[f32]) -> BlockQ8_0 {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() && x.len() == 32 {
         // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
-        if let Some(b) = unsafe { super::avx2::quantize_q8_0(x) } {
+        if let Some(b) = unsafe { super::act_avx2::quantize_q8_0(x) } {
             return b;
         }
     }
@@ -141,7 +118,7 @@ pub fn quantize_q8k(x: &[f32]) -> BlockQ8K {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() && x.len() == 256 {
         // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
-        if let Some(b) = unsafe { super::avx2::quantize_q8k(x) } {
+        if let Some(b) = unsafe { super::act_avx2::quantize_q8k(x) } {
             return b;
         }
     }

@@ -4,7 +4,7 @@
 //! into an 8-lane float accumulator in block order, reduced once at the end. The order depends
 //! only on the row length, never on the batch.
 
-use super::act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
+use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1};
 use super::{Activations, GgmlType};
 use std::arch::x86_64::*;
 
@@ -13,21 +13,6 @@ use std::arch::x86_64::*;
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
     vec_dot_rows::<1>(t, w, acts, r)[0]
-}
-
-/// Four weight rows against one activation row where a fused kernel exists (`None` otherwise):
-/// independent accumulators keep more loads in flight in matrix-vector products.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dot_4rows(
-    t: GgmlType,
-    ws: [&[u8]; 4],
-    acts: &Activations,
-    r: usize,
-) -> Option<[f32; 4]> {
-    vec_dot_tile::<4, 1>(t, ws, acts, r).map(|o| o.map(|o| o[0]))
 }
 
 /// W weight rows against activation rows `r0 .. r0+R` (`None` for types without a fused kernel:
@@ -114,115 +99,6 @@ pub unsafe fn vec_dot_rows<const R: usize>(
         }
         _ => panic!("activation format does not match weight type {t:?}"),
     }
-}
-
-/// Four vectors of 8 integral floats (|v| <= 127 after the `min`) packed into 32 i8 in order.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_i8x32(v: [__m256; 4]) -> __m256i {
-    let cap = _mm256_set1_epi32(127);
-    let i: [__m256i; 4] = std::array::from_fn(|k| _mm256_min_epi32(_mm256_cvtps_epi32(v[k]), cap));
-    let p = _mm256_packs_epi16(
-        _mm256_packs_epi32(i[0], i[1]),
-        _mm256_packs_epi32(i[2], i[3]),
-    );
-    _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
-}
-
-/// Round to nearest, ties to even (the default MXCSR mode, as `round_ties_even`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn round_even(v: __m256) -> __m256 {
-    _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
-}
-
-/// Largest |x| over `x` (a multiple of 8 long) and whether any element is NaN.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn abs_max_nan(x: &[f32]) -> (f32, bool) {
-    let sign = _mm256_set1_ps(-0.0);
-    let (mut m, mut nan) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for c in x.chunks_exact(8) {
-        let v = _mm256_loadu_ps(c.as_ptr());
-        m = _mm256_max_ps(_mm256_andnot_ps(sign, v), m);
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-    }
-    let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-    let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    let h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    (_mm_cvtss_f32(h), _mm256_movemask_ps(nan) != 0)
-}
-
-/// `quantize_q8_0` for 32 finite floats (`None` when a value is not finite: the caller then runs
-/// the scalar quantizer, whose NaN/infinity conversions differ from the vector ones).
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; `x.len() == 32`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn quantize_q8_0(x: &[f32]) -> Option<BlockQ8_0> {
-    assert_eq!(x.len(), 32);
-    let (amax, nan) = abs_max_nan(x);
-    if nan || !amax.is_finite() || amax == 0.0 {
-        return None;
-    }
-    let id = _mm256_set1_ps(127.0 / amax);
-    let v: [__m256; 4] = std::array::from_fn(|k| {
-        round_even(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * k)), id))
-    });
-    let mut b = BlockQ8_0 {
-        d: half::f16::from_f32(amax / 127.0).to_f32(),
-        qs: [0; 32],
-    };
-    _mm256_storeu_si256(b.qs.as_mut_ptr() as *mut __m256i, pack_i8x32(v));
-    Some(b)
-}
-
-/// `quantize_q8k` for 256 finite floats (`None` otherwise, as `quantize_q8_0`).
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; `x.len() == 256`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn quantize_q8k(x: &[f32]) -> Option<BlockQ8K> {
-    assert_eq!(x.len(), 256);
-    let (amax, nan) = abs_max_nan(x);
-    if nan || !amax.is_finite() || amax == 0.0 {
-        return None;
-    }
-    // The first element whose |x| is the maximum, as the scalar scan keeps it.
-    let sign = _mm256_set1_ps(-0.0);
-    let target = _mm256_set1_ps(amax);
-    let mut max = amax;
-    for (c, chunk) in x.chunks_exact(8).enumerate() {
-        let v = _mm256_loadu_ps(chunk.as_ptr());
-        let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
-            _mm256_andnot_ps(sign, v),
-            target,
-        ));
-        if hit != 0 {
-            max = x[8 * c + hit.trailing_zeros() as usize];
-            break;
-        }
-    }
-    let iscale = -127.0 / max;
-    let vs = _mm256_set1_ps(iscale);
-    let mut b = BlockQ8K {
-        d: 1.0 / iscale,
-        qs: [0; 256],
-        bsums: [0; 16],
-    };
-    for g in 0..8 {
-        let v: [__m256; 4] = std::array::from_fn(|k| {
-            round_even(_mm256_mul_ps(
-                vs,
-                _mm256_loadu_ps(x.as_ptr().add(32 * g + 8 * k)),
-            ))
-        });
-        _mm256_storeu_si256(b.qs.as_mut_ptr().add(32 * g) as *mut __m256i, pack_i8x32(v));
-    }
-    for (k, s) in b.bsums.iter_mut().enumerate() {
-        *s = b.qs[16 * k..16 * k + 16].iter().map(|&q| q as i16).sum();
-    }
-    Some(b)
 }
 
 /// One little-endian f16 at `b[off..off+2]` converted with F16C (half's converter is not inlined
@@ -741,32 +617,6 @@ dot_float!(
     f16_bits_to_f32,
     f16_bits_to_f32
 );
-
-/// `sum(a[i] * f16(b[i]))` for attention scores.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; `a.len() == b.len()`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f32_f16(a: &[f32], b: &[u16]) -> f32 {
-    let n = a.len();
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let steps = n / 16;
-    for s in 0..steps {
-        for (k, accum) in acc.iter_mut().enumerate() {
-            let off = 16 * s + 8 * k;
-            *accum = _mm256_fmadd_ps(
-                _mm256_loadu_ps(a.as_ptr().add(off)),
-                load_f16x8(b.as_ptr().add(off)),
-                *accum,
-            );
-        }
-    }
-    let mut sum = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
-    for i in 16 * steps..n {
-        sum += a[i] * f16_bits_to_f32(b[i]);
-    }
-    sum
-}
 
 /// `y += alpha * f16(x)` for attention's weighted sum of values.
 ///

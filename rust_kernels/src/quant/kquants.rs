@@ -1,6 +1,6 @@
 //! K-quants (256-element super-blocks): Q4_K, Q5_K, Q6_K (scalar reference path).
 
-use super::act::BlockQ8K;
+use super::blocks::BlockQ8K;
 use super::{f16_at, GgmlType};
 
 /// Unpack the 12-byte scales array of Q4_K/Q5_K into 8 six-bit scales and 8 six-bit mins.

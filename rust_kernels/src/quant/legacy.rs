@@ -3,7 +3,7 @@
 //! In the 4-bit layouts byte `qs[j]` holds element `j` in its low nibble and element `j+16` in its
 //! high nibble; Q5 adds a u32 `qh` whose bit `i` is the 5th bit of element `i`.
 
-use super::act::{BlockQ8_0, BlockQ8_1};
+use super::blocks::{BlockQ8_0, BlockQ8_1};
 use super::{f16_at, GgmlType};
 
 /// One block as (scale, min, quant values with the type's offset already applied).

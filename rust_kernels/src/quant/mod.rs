@@ -7,7 +7,10 @@
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
+mod act_avx2;
+#[cfg(target_arch = "x86_64")]
 pub mod avx2;
+pub mod blocks;
 pub mod float;
 pub mod kquants;
 pub mod legacy;
@@ -142,18 +145,6 @@ pub fn vec_dot_rows<const R: usize>(
         return unsafe { avx2::vec_dot_rows::<R>(t, w, acts, r0) };
     }
     std::array::from_fn(|i| vec_dot_scalar(t, w, acts, r0 + i))
-}
-
-/// Four weight rows against activation row `r` where a fused kernel exists (bit-identical to four
-/// `vec_dot` calls); `None` otherwise.
-#[inline]
-pub fn vec_dot_4rows(
-    t: GgmlType,
-    ws: [&[u8]; 4],
-    acts: &Activations,
-    r: usize,
-) -> Option<[f32; 4]> {
-    vec_dot_tile::<4, 1>(t, ws, acts, r).map(|o| o.map(|o| o[0]))
 }
 
 /// True when `vec_dot_tile` has a fused kernel for `t` on this CPU's path.

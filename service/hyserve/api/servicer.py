@@ -92,7 +92,7 @@ class Runtime:
 
     model: LoadedModel
     engine: Engine
-    chat_template: ChatTemplate | None  # None: chat input is refused
+    chat_template: ChatTemplate  # the model's, --chat-template's, or the fallback (loader.py)
     has_chat_template: bool  # the model ships one or --chat-template gave one
     limits: RequestLimits
 

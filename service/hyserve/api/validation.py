@@ -23,10 +23,11 @@ from hyserve.api.limits import (
     default_max_prompt_bytes,
     prompt_size_error,
 )
-from hyserve.engine.generator import StopRule
+from hyserve.engine.cache_plan import ChatLayout, chat_checkpoint_positions
 from hyserve.engine.sampling import SamplingParams
+from hyserve.engine.stop import StopRule
 from hyserve.engine.task import new_task_id
-from hyserve.model.chat_template import ChatTemplate, ChatTemplateError, RenderedChat, message_token_offsets
+from hyserve.model.chat_template import ChatTemplate, ChatTemplateError, RenderedChat
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
@@ -148,11 +149,9 @@ def _chat_messages(chat: pb.ChatInput) -> list[dict[str, Any]]:
 
 
 def prompt_tokens(
-    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate | None
+    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate
 ) -> tuple[list[int], list[int]]:
-    """(prompt token ids, checkpoint-worthy token positions of a chat: see `chat_boundaries`).
-
-    `template` None means chat input cannot be served (no usable chat template)."""
+    """(prompt token ids, checkpoint-worthy token positions of a chat: cache_plan.chat_checkpoint_positions)."""
     kind = request.WhichOneof("input")
     if kind is None:
         raise ValidationError("input: exactly one of text, tokens or chat must be set")
@@ -175,8 +174,6 @@ def prompt_tokens(
             raise ValidationError(f"tokens.token_ids: id {bad} is not below the vocabulary size {tokenizer.vocab_size}")
         return ids, []
     # chat
-    if template is None:
-        raise ValidationError("chat: the served model has no chat template; send text or tokens instead")
     messages = _chat_messages(request.chat)
     add_generation_prompt = (
         request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
@@ -200,12 +197,7 @@ def prompt_tokens(
     ids, starts = tokenizer.encode_with_offsets(rendered.text, add_special=False, parse_special=True)
     if not ids:
         raise ValidationError("chat: the rendered conversation is empty")
-    return ids, chat_boundaries(rendered, messages, starts)
-
-
-# The generation prompt ("<|im_start|>assistant\n<think>\n") is short; past this many tokens only its
-# start is a boundary.
-_GENERATION_PROMPT_BOUNDARY_TOKENS = 16
+    return ids, chat_checkpoint_positions(chat_layout(rendered, messages), starts)
 
 
 def _reasoning_text(message: Mapping[str, Any]) -> str:
@@ -218,41 +210,16 @@ def _reasoning_text(message: Mapping[str, Any]) -> str:
     return ""
 
 
-def chat_boundaries(rendered: RenderedChat, messages: Sequence[Mapping[str, Any]], starts: Sequence[int]) -> list[int]:
-    """Token positions where a later conversation is likely to diverge from this one, for checkpoints:
-
-    - where each message's rendering starts (an edited or dropped message diverges there);
-    - where each message's content starts, when the content appears verbatim in its rendering (an
-      edited message whose header is unchanged diverges there);
-    - where an assistant message's rendered reasoning starts (its "<think>" tag, else the text):
-      templates like Qwen3.5's drop that reasoning once a new user message arrives, so the next
-      prompt diverges exactly there;
-    - every position inside the generation prompt: the next turn renders this assistant message
-      again, often with a different header tail (e.g. without the opened think block), so the
-      divergence is anywhere in it.
-    A position only costs a checkpoint; a wrong guess never changes an answer.
-    """
-    chars = list(rendered.message_char_offsets)
-    ends = [*chars[1:], rendered.generation_prompt_offset or len(rendered.text)]
-    text = rendered.text
-    for start, end, message in zip(rendered.message_char_offsets, ends, messages):
-        content = message.get("content")
-        if isinstance(content, str) and content:
-            at = text.find(content, start, max(end, start + len(content)))
-            if at >= 0:
-                chars.append(at)
-        reasoning = _reasoning_text(message)
-        if reasoning:
-            at = text.find(reasoning, start, max(end, start + len(reasoning)))
-            if at >= 0:
-                think = text.rfind("<think>", start, at)
-                chars.append(think if think >= 0 else at)
-    positions = set(message_token_offsets(chars, starts))
-    gen_at = rendered.generation_prompt_offset
-    if gen_at is not None and gen_at < len(rendered.text):
-        first = message_token_offsets([gen_at], starts)[0]
-        positions.update(range(first, min(len(starts), first + _GENERATION_PROMPT_BOUNDARY_TOKENS)))
-    return sorted(p for p in positions if 0 < p < len(starts))
+def chat_layout(rendered: RenderedChat, messages: Sequence[Mapping[str, Any]]) -> ChatLayout:
+    """The rendered chat as cache_plan's checkpoint placement reads it."""
+    contents = [c if isinstance(c := m.get("content"), str) else "" for m in messages]
+    return ChatLayout(
+        rendered.text,
+        tuple(rendered.message_char_offsets),
+        rendered.generation_prompt_offset,
+        contents,
+        [_reasoning_text(m) for m in messages],
+    )
 
 
 def stop_rule(
@@ -299,7 +266,7 @@ def _checkpoint_offsets(offsets: Sequence[int], n_prompt: int) -> tuple[int, ...
 
 
 def prepare_generate(
-    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate | None, limits: RequestLimits
+    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate, limits: RequestLimits
 ) -> PreparedRequest:
     """Validate a GenerateRequest and turn it into what the engine runs. Raises ValidationError.
 

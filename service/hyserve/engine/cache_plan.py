@@ -12,43 +12,58 @@ ARCHITECTURE.md "The prompt cache" is the specification. Words used here:
   recomputed from a checkpoint at or before it (or from the empty state at 0) by those kernels
   alone, bit for bit (a "replay").
 
-`plan_resume` picks where a prompt resumes on one cached sequence, `plan_admissions` picks the
-slot (and prefix-store entry) for each queued prompt, `checkpoint_schedule` says where checkpoints
-are taken while a prompt is processed, `choose_evictions` / `choose_log_evictions` keep
-checkpoints and kept inputs within their byte budgets, and `subsumes` tells when a store entry is
-made redundant by a newer one.
+`plan_resume` picks where a prompt resumes on one cached sequence; `plan_admissions` picks the
+slot (and prefix-store entry) for each queued prompt and returns every decision the engine then
+carries out as plain data on `Admission` (the resume plan, whether the slot's state is stashed in
+the prefix store first, whether the store entry is consumed, the checkpoint positions);
+`checkpoint_schedule` says where checkpoints are taken while a prompt is processed and
+`chat_checkpoint_positions` where a chat is likely to diverge next time; `choose_evictions` /
+`choose_log_evictions` keep checkpoints and kept inputs within their byte budgets, and `subsumes`
+tells when a store entry is made redundant by a newer one.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 
-from hyserve.engine.task import ReuseSource
-
 __all__ = [
     "Admission",
     "CachedView",
+    "ChatLayout",
     "CheckpointKind",
     "CheckpointView",
     "EvictionCandidate",
     "LogBlockView",
     "MemoryKind",
     "ResumePlan",
+    "ReuseSource",
     "SlotCandidate",
     "StoreCandidate",
+    "chat_checkpoint_positions",
     "checkpoint_schedule",
     "choose_evictions",
     "choose_log_evictions",
     "common_prefix_len",
+    "message_token_offsets",
     "plan_admissions",
     "plan_resume",
     "replay_reach",
     "subsumes",
 ]
+
+
+class ReuseSource(Enum):
+    """Where a prompt's reused tokens come from."""
+
+    NONE = "none"
+    SLOT_LIVE = "slot_live"
+    CHECKPOINT = "checkpoint"
+    PREFIX_STORE = "prefix_store"
 
 
 class MemoryKind(Enum):
@@ -208,6 +223,8 @@ class SlotCandidate:
     index: int
     view: CachedView
     last_used: int  # larger = used more recently
+    last_prompt_len: int = 0  # the last task's prompt length: what it generated starts there
+    kind: MemoryKind | None = None  # the slot memory's kind (None: attention only)
 
 
 @dataclass(frozen=True)
@@ -217,11 +234,28 @@ class StoreCandidate:
 
 
 @dataclass(frozen=True)
+class QueuedPrompt:
+    tokens: Sequence[int]
+    cache_prompt: bool = True
+    message_boundaries: Sequence[int] = ()  # chat positions worth a checkpoint (chat_checkpoint_positions)
+    checkpoint_offsets: Sequence[int] = ()  # client-requested checkpoint positions
+
+
+@dataclass(frozen=True)
 class Admission:
+    """Where a queued prompt goes and everything the engine does to prepare it, in this order:
+    stash the slot's state in the prefix store (`stash`), bring the slot to `plan.resume` (from
+    the store entry `store_key` if set, dropping that entry when `discard_entry`), count a store
+    miss (`store_miss`), then process the prompt taking checkpoints at `checkpoints`."""
+
     queue_pos: int
     slot: int
     plan: ResumePlan
     store_key: int | None = None  # restore this prefix-store entry into the slot first
+    stash: bool = False  # the slot holds state nothing else reaches: copy it to the store first
+    discard_entry: bool = False  # the slot takes all of the store entry: the entry is redundant
+    store_miss: bool = False  # a store lookup found nothing better than the slot
+    checkpoints: tuple[tuple[int, CheckpointKind], ...] = ()  # (position, kind) while processing the prompt
 
 
 def _slot_order(c: SlotCandidate) -> tuple[int, int, int]:
@@ -238,7 +272,8 @@ def _choose(
         key = (plan.resume, plan.matched, *_slot_order(c))
         if best_slot is None or key > best_slot[0]:
             best_slot, best_plan = (key, c), plan
-    assert best_slot is not None and best_plan is not None
+    if best_slot is None or best_plan is None:
+        raise ValueError("no free slot to choose from")
     if best_plan.resume == 0:  # nothing of a slot is reused: don't destroy a useful one
         target = max(free, key=_slot_order)
         best_slot, best_plan = ((0,), target), plan_resume(target.view, prompt, cache_prompt)
@@ -255,26 +290,66 @@ def _choose(
 
 
 def plan_admissions(
-    queued: Sequence[tuple[Sequence[int], bool]],
+    queued: Sequence[QueuedPrompt | tuple[Sequence[int], bool]],
     free: Sequence[SlotCandidate],
     store: Sequence[StoreCandidate] = (),
+    *,
+    store_enabled: bool = False,
+    checkpoint_interval: int = 0,
 ) -> list[Admission]:
-    """Admit queued (prompt, cache_prompt) pairs in FIFO order while free slots remain.
+    """Admit queued prompts in FIFO order while free slots remain.
 
     Each prompt gets the free slot where it resumes furthest, or a prefix-store entry restored
     into the emptiest / least recently used free slot when that resumes further still. A slot or
-    entry given to one prompt is not offered to the next.
+    entry given to one prompt is not offered to the next. With `store_enabled`, a slot about to
+    lose state that no store entry and no new prompt keeps (more than its last generation) is
+    stashed first; an entry whose tokens the slot takes whole is discarded.
     """
+    sizes = {e.key: len(e.view.tokens) for e in store}
     remaining, entries = list(free), list(store)
     out: list[Admission] = []
-    for pos, (prompt, cache_prompt) in enumerate(queued):
+    for pos, item in enumerate(queued):
         if not remaining:
             break
-        a = _choose(remaining, entries, prompt, cache_prompt)
-        out.append(Admission(pos, a.slot, a.plan, a.store_key))
+        q = item if isinstance(item, QueuedPrompt) else QueuedPrompt(item[0], item[1])
+        a = _choose(remaining, entries, q.tokens, q.cache_prompt)
+        slot = next(c for c in remaining if c.index == a.slot)
+        out.append(_decide(pos, a, slot, q, store_enabled, checkpoint_interval, sizes))
         remaining = [c for c in remaining if c.index != a.slot]
         entries = [e for e in entries if e.key != a.store_key]
     return out
+
+
+def _decide(
+    pos: int,
+    a: Admission,
+    slot: SlotCandidate,
+    q: QueuedPrompt,
+    store_enabled: bool,
+    interval: int,
+    sizes: Mapping[int, int],
+) -> Admission:
+    """The stash/discard/miss decisions and the checkpoint positions of one admission."""
+    plan, held = a.plan, slot.view.tokens
+    stash = discard = miss = False
+    if store_enabled and held:
+        if a.store_key is not None:
+            # the slot is overwritten by the entry: keep it unless the prompt keeps what it generated
+            stash = common_prefix_len(held, q.tokens) < slot.last_prompt_len
+        elif q.cache_prompt:
+            # the slot loses more than its last generation: keep that state for later
+            stash = plan.resume < len(held) and plan.matched < slot.last_prompt_len
+    if a.store_key is not None:
+        discard = plan.resume == sizes.get(a.store_key, -1)
+    elif store_enabled and q.cache_prompt:
+        miss = bool(plan.reprocessed) or plan.resume == 0  # the store had nothing better either
+    checkpoints: tuple[tuple[int, CheckpointKind], ...] = ()
+    if q.cache_prompt:
+        kind = slot.kind or MemoryKind.ATTENTION
+        checkpoints = tuple(
+            checkpoint_schedule(plan.resume, len(q.tokens), kind, q.message_boundaries, q.checkpoint_offsets, interval)
+        )
+    return Admission(pos, a.slot, plan, a.store_key, stash, discard, miss, checkpoints)
 
 
 # --- where checkpoints are taken -----------------------------------------------------------------
@@ -311,6 +386,83 @@ def checkpoint_schedule(
             for p in range(interval * (resume // interval + 1), prompt_len, interval):
                 add(p, CheckpointKind.INTERVAL)
     return sorted(chosen.items())
+
+
+# The generation prompt ("<|im_start|>assistant\n<think>\n") is short; past this many tokens only its
+# start is a boundary.
+GENERATION_PROMPT_BOUNDARY_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class ChatLayout:
+    """Where the parts of a rendered chat are, in characters of `text`."""
+
+    text: str
+    message_starts: Sequence[int]  # where each message's rendering starts
+    generation_prompt_at: int | None  # where the generation prompt starts (None: none was added)
+    contents: Sequence[str]  # each message's content ("" when not a string)
+    reasonings: Sequence[str]  # each assistant message's reasoning text ("" when none)
+
+
+def chat_checkpoint_positions(layout: ChatLayout, token_starts: Sequence[int]) -> list[int]:
+    """Token positions where a later conversation is likely to diverge from this one, for checkpoints:
+
+    - where each message's rendering starts (an edited or dropped message diverges there);
+    - where each message's content starts, when the content appears verbatim in its rendering (an
+      edited message whose header is unchanged diverges there);
+    - where an assistant message's rendered reasoning starts (its "<think>" tag, else the text):
+      templates like Qwen3.5's drop that reasoning once a new user message arrives, so the next
+      prompt diverges exactly there;
+    - every position inside the generation prompt: the next turn renders this assistant message
+      again, often with a different header tail (e.g. without the opened think block), so the
+      divergence is anywhere in it.
+    A position only costs a checkpoint; a wrong guess never changes an answer. `token_starts[t]`
+    is where token t starts in `layout.text`.
+    """
+    text = layout.text
+    chars = list(layout.message_starts)
+    ends = [*chars[1:], layout.generation_prompt_at or len(text)]
+    for start, end, content, reasoning in zip(layout.message_starts, ends, layout.contents, layout.reasonings):
+        if content:
+            at = text.find(content, start, max(end, start + len(content)))
+            if at >= 0:
+                chars.append(at)
+        if reasoning:
+            at = text.find(reasoning, start, max(end, start + len(reasoning)))
+            if at >= 0:
+                think = text.rfind("<think>", start, at)
+                chars.append(think if think >= 0 else at)
+    positions = set(message_token_offsets(chars, token_starts))
+    gen_at = layout.generation_prompt_at
+    if gen_at is not None and gen_at < len(text):
+        first = message_token_offsets([gen_at], token_starts)[0]
+        positions.update(range(first, min(len(token_starts), first + GENERATION_PROMPT_BOUNDARY_TOKENS)))
+    return sorted(p for p in positions if 0 < p < len(token_starts))
+
+
+def message_token_offsets(char_offsets: Sequence[int], token_char_starts: Sequence[int]) -> list[int]:
+    """Map message character offsets to token indices.
+
+    ``token_char_starts[t]`` is the character offset in the rendered text where token ``t``
+    starts (non-decreasing; tokens are contiguous, so token ``t`` covers
+    ``[start[t], start[t + 1])``). For each offset ``c`` the result is the index of the first
+    token starting exactly at ``c`` if there is one; otherwise ``c`` lies inside a token and the
+    result is that token (the last one starting before ``c``) so the token offset never goes past
+    the message start. Several tokens may share a start (byte-fallback pieces of one character):
+    then the first of them is returned. An offset after the last token's start is taken to lie
+    inside the last token. With no tokens, every offset maps to 0.
+    """
+    starts = token_char_starts
+    if not starts:
+        return [0 for _ in char_offsets]
+    result: list[int] = []
+    for c in char_offsets:
+        j = bisect.bisect_right(starts, c) - 1
+        if j < 0:
+            result.append(0)
+        else:
+            result.append(bisect.bisect_left(starts, starts[j], 0, j + 1))
+    return result
 
 
 # --- keeping checkpoints within a byte budget ----------------------------------------------------

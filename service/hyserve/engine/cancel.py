@@ -23,18 +23,15 @@ class CancelSource(Enum):
 
 
 class CancelFlag:
-    """Set once, never cleared. Owned by exactly one task."""
+    """Set once, never cleared. Owned by exactly one task (who set it is logged where it is set)."""
 
-    __slots__ = ("native", "source")
+    __slots__ = ("native",)
 
     def __init__(self) -> None:
         self.native = hyserve_kernels.CancelFlag()
-        self.source: CancelSource | None = None
 
-    def set(self, source: CancelSource) -> None:
-        if not self.native.is_set():
-            self.source = source
-            self.native.set()
+    def set(self) -> None:
+        self.native.set()
 
     def is_set(self) -> bool:
         return self.native.is_set()

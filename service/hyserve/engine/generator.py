@@ -1,28 +1,23 @@
 """In-process generation for one sequence (the CLI's `generate` and the benchmarks).
 
 The gRPC engine schedules many sequences; this is the plain loop: prompt in chunks, then one token
-per forward call, stopping on EOG, a stop string or max_tokens.
+per forward call, until a stop rule (stop.py, shared with the engine) ends it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from hyserve.engine.sampling import SamplingParams, sample
+from hyserve.engine.stop import StopCheck, StopRule
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import LoadedModel
 from hyserve.model.memory import SequenceMemory
 
-
-@dataclass(frozen=True)
-class StopRule:
-    max_tokens: int = 128
-    stop_strings: tuple[str, ...] = ()
-    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
-    ignore_eos: bool = False
+__all__ = ["Generated", "StopRule", "generate", "prefill"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +33,8 @@ def prefill(model: LoadedModel, memory: SequenceMemory, tokens: Sequence[int], c
     for start in range(0, len(tokens), chunk):
         part = np.asarray(tokens[start : start + chunk], dtype=np.int32)
         logits = model.arch.forward([Segment(memory, part, Logits.LAST)])[0]
-    assert logits is not None, "empty prompt"
+    if logits is None:
+        raise ValueError("empty prompt")
     return logits
 
 
@@ -50,6 +46,8 @@ def generate(
     n_ctx: int = 4096,
     chunk: int = 512,
 ) -> Iterator[Generated]:
+    """Sample until a stop rule ends the generation (stop.py: the same rules, in the same order, as
+    the engine's, so the same request gives the same tokens and text here and through the server)."""
     if not prompt:
         raise ValueError("empty prompt")
     memory = model.arch.new_memory(n_ctx)
@@ -57,30 +55,13 @@ def generate(
     logits = prefill(model, memory, prompt, chunk)
     rng = np.random.default_rng(params.seed)
     history = list(prompt)
-    decoder = model.tokenizer.incremental_decoder()
-    text = ""
-    for n in range(1, stop.max_tokens + 1):
+    check = StopCheck(stop, model.tokenizer, len(prompt), n_ctx)
+    while True:
         token = sample(logits, history, params, rng)
         history.append(token)
-        reason = None
-        if token in stop.stop_token_ids:
-            reason = "stop_token"
-        elif model.tokenizer.is_eog(token) and not stop.ignore_eos:
-            reason = "eos"
-        delta = "" if reason else decoder.push(token)
-        text += delta
-        hit = next((s for s in stop.stop_strings if s in text), None)
-        if hit is not None:
-            reason = "stop_string"
-            delta = delta[: max(0, len(delta) - (len(text) - text.index(hit)))]
-        elif reason is None and n == stop.max_tokens:
-            reason = "max_tokens"
-        elif reason is None and memory.n_tokens + 1 > memory.n_ctx:
-            reason = "context_full"
-        if reason is not None:
-            yield Generated(
-                token, delta + (decoder.flush() if reason in ("max_tokens", "context_full") else ""), reason
-            )
+        decision = check.push(token)
+        if decision.reason is not None:
+            yield Generated(token, decision.text, decision.reason.value)
             return
-        yield Generated(token, delta)
+        yield Generated(token, decision.text)
         logits = model.arch.forward([Segment(memory, np.array([token], np.int32), Logits.LAST)])[0]

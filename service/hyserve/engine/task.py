@@ -7,9 +7,7 @@ Ending is guarded by the task's lock, so a Cancel racing with a natural finish h
 a cancel that was registered before the end turns the end into FINISH_REASON_CANCELLED, and a
 cancel that comes after it answers "already finished".
 
-`StopStringFilter` is the text side of stopping: it withholds any text that may be the start of a
-stop string and cuts the completion at the first match (UTF-8 safety comes from the tokenizer's
-incremental decoder, which never returns part of a character).
+The stop rules (FinishReason, StopRule and how tokens end a generation) are in stop.py.
 """
 
 from __future__ import annotations
@@ -17,16 +15,17 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import structlog
 
-from hyserve.engine.cancel import CancelFlag, CancelSource
-from hyserve.engine.generator import StopRule
+from hyserve.engine.cache_plan import ReuseSource
+from hyserve.engine.cancel import CancelFlag
 from hyserve.engine.sampling import SamplingParams
+from hyserve.engine.stop import FinishReason, StopRule
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +38,6 @@ __all__ = [
     "FinishedEvent",
     "ReuseSource",
     "StopRule",
-    "StopStringFilter",
     "Task",
     "TaskState",
     "Timings",
@@ -47,22 +45,6 @@ __all__ = [
     "Usage",
     "new_task_id",
 ]
-
-
-class FinishReason(Enum):
-    EOS = "eos"
-    STOP_STRING = "stop_string"
-    STOP_TOKEN = "stop_token"
-    MAX_TOKENS = "max_tokens"
-    CONTEXT_FULL = "context_full"
-    CANCELLED = "cancelled"
-
-
-class ReuseSource(Enum):
-    NONE = "none"
-    SLOT_LIVE = "slot_live"
-    CHECKPOINT = "checkpoint"
-    PREFIX_STORE = "prefix_store"
 
 
 class TaskState(Enum):
@@ -176,12 +158,12 @@ class Task:
     def cancelled(self) -> bool:
         return self.cancel_flag.is_set()
 
-    def request_cancel(self, source: CancelSource) -> bool:
+    def request_cancel(self) -> bool:
         """Raise the cancel flag. False when the task has already ended (nothing changes)."""
         with self._lock:
             if self.state is TaskState.ENDED:
                 return False
-            self.cancel_flag.set(source)
+            self.cancel_flag.set()
             return True
 
     def emit(self, event: AcceptedEvent | DeltaEvent) -> None:
@@ -213,52 +195,3 @@ class Task:
             self.sink(event)
         except Exception:  # the receiving side is gone (e.g. its event loop closed): nothing to tell
             self.log.warning("event_dropped", event=type(event).__name__, exc_info=True)
-
-
-# --- stop strings --------------------------------------------------------------------------------
-
-
-class StopStringFilter:
-    """Turns decoded text deltas into releasable text, holding back possible stop-string starts.
-
-    `push(text)` returns `(released, match)`: `released` is text that can be sent now; `match` is
-    the stop string found (then `released` ends right before it and the filter is done).
-    `flush()` releases whatever is still held back (call it when generation ends otherwise).
-    """
-
-    def __init__(self, stop_strings: Sequence[str]) -> None:
-        self._stops = tuple(s for s in stop_strings if s)
-        self._longest = max((len(s) for s in self._stops), default=0)
-        self._held = ""
-        self.done = False
-
-    def push(self, text: str) -> tuple[str, str | None]:
-        if self.done:
-            return "", None
-        if not self._stops:
-            return text, None
-        buf = self._held + text
-        hit_at, hit = -1, None
-        for s in self._stops:
-            at = buf.find(s)
-            if at >= 0 and (hit is None or at < hit_at or (at == hit_at and len(s) > len(hit))):
-                hit_at, hit = at, s
-        if hit is not None:
-            self.done = True
-            self._held = ""
-            return buf[:hit_at], hit
-        keep = self._partial_suffix(buf)
-        self._held = buf[len(buf) - keep :]
-        return buf[: len(buf) - keep], None
-
-    def flush(self) -> str:
-        held, self._held = self._held, ""
-        return "" if self.done else held
-
-    def _partial_suffix(self, buf: str) -> int:
-        """Length of the longest suffix of buf that is a proper prefix of some stop string."""
-        for k in range(min(len(buf), self._longest - 1), 0, -1):
-            tail = buf[-k:]
-            if any(s.startswith(tail) for s in self._stops):
-                return k
-        return 0

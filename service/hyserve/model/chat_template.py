@@ -81,7 +81,6 @@ messages.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import sys
@@ -103,7 +102,6 @@ __all__ = [
     "ChatTemplate",
     "ChatTemplateError",
     "RenderedChat",
-    "message_token_offsets",
 ]
 
 FALLBACK_TEMPLATE_RESOURCE = "templates/fallback.jinja"
@@ -487,28 +485,3 @@ def _align_deletions(text: str, d: int, prefix: str) -> _Raw:
             if text.endswith(tail, 0, x):
                 return x, examined
     return f, examined
-
-
-def message_token_offsets(char_offsets: Sequence[int], token_char_starts: Sequence[int]) -> list[int]:
-    """Map message character offsets to token indices.
-
-    ``token_char_starts[t]`` is the character offset in the rendered text where token ``t``
-    starts (non-decreasing; tokens are contiguous, so token ``t`` covers
-    ``[start[t], start[t + 1])``). For each offset ``c`` the result is the index of the first
-    token starting exactly at ``c`` if there is one; otherwise ``c`` lies inside a token and the
-    result is that token (the last one starting before ``c``) so the token offset never goes past
-    the message start. Several tokens may share a start (byte-fallback pieces of one character):
-    then the first of them is returned. An offset after the last token's start is taken to lie
-    inside the last token. With no tokens, every offset maps to 0.
-    """
-    starts = token_char_starts
-    if not starts:
-        return [0 for _ in char_offsets]
-    result: list[int] = []
-    for c in char_offsets:
-        j = bisect.bisect_right(starts, c) - 1
-        if j < 0:
-            result.append(0)
-        else:
-            result.append(bisect.bisect_left(starts, starts[j], 0, j + 1))
-    return result

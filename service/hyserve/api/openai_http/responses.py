@@ -124,7 +124,8 @@ def _final_response(
 ) -> dict[str, Any]:
     """A non-streamed response of one choice: chat and completions differ only in the object name
     and in how the choice carries the text."""
-    assert done.finished is not None
+    if done.finished is None:
+        raise ValueError("a response needs the finished event")
     choice: dict[str, Any] = {
         "index": 0,
         **content,

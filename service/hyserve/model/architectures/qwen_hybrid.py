@@ -264,7 +264,8 @@ class QwenHybrid(Architecture):
 
     def _replay_recurrent(self, il: int, inputs: tuple[Tensor, ...], state: tuple[Tensor, ...]) -> None:
         mixer = self.layers[il].mixer
-        assert isinstance(mixer, DeltaNet)
+        if not isinstance(mixer, DeltaNet):
+            raise TypeError(f"layer {il} keeps no recurrent inputs to replay")
         self._scan(mixer, *inputs, *state)
 
     def _forward(self, segments: list[Segment], cancel: hk.CancelFlag | None) -> list[np.ndarray | None]:

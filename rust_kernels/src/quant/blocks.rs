@@ -1,0 +1,26 @@
+//! Quantized activation blocks: what the activation quantizers (`act.rs`, `act_avx2.rs`) produce and
+//! the dot products (`legacy.rs`, `kquants.rs`, `avx2.rs`) consume. Plain data, no code.
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct BlockQ8_0 {
+    pub d: f32,
+    pub qs: [i8; 32],
+}
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct BlockQ8_1 {
+    pub d: f32,
+    /// f16(d_unrounded * sum(qs)), as llama.cpp stores it
+    pub s: f32,
+    pub qs: [i8; 32],
+}
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; 256],
+    pub bsums: [i16; 16],
+}

@@ -1,0 +1,36 @@
+"""The engine's configuration (sizes and byte budgets; validated on construction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EngineConfig"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_slots: int = 1
+    n_ctx: int = 4096  # per slot
+    queue_size: int = 64  # waiting tasks (running ones not counted)
+    prompt_chunk: int = 128  # token budget of one forward call (prompt chunks + decode tokens)
+    ended_task_retention_s: float = 600.0  # how long a late Cancel still answers ALREADY_FINISHED
+    ended_task_max: int = 100_000
+    checkpoint_memory: int = 1 << 30  # bytes for all slots' checkpoints
+    checkpoint_interval: int = 1024  # also checkpoint every this many tokens of a long prompt (0: off)
+    cache_memory: int = 2 << 30  # bytes of the host-memory prefix store (0: off)
+    replay_memory: int = 1 << 30  # bytes of kept per-token inputs of all slots, for exact resumes (0: off)
+    window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
+    max_queued_prompt_tokens: int = 0  # prompt tokens all waiting tasks may hold together (0: no limit)
+    check_invariants: bool = False  # test hook: verify I1-I3 after every iteration (doubles the model work)
+
+    def __post_init__(self) -> None:
+        if self.n_slots < 1:
+            raise ValueError("n_slots must be >= 1")
+        if self.n_ctx < 2:
+            raise ValueError("n_ctx must be >= 2")
+        if self.queue_size < 0:
+            raise ValueError("queue_size must be >= 0")
+        if self.prompt_chunk < 1:
+            raise ValueError("prompt_chunk must be >= 1")
+        if min(self.checkpoint_memory, self.cache_memory, self.checkpoint_interval, self.replay_memory) < 0:
+            raise ValueError("checkpoint_memory, cache_memory, checkpoint_interval and replay_memory must be >= 0")
