@@ -36,7 +36,10 @@ impl GpuMoeFfn {
         }
         let last = *x.shape.last().unwrap_or(&0);
         if last != cols || !x.size().is_multiple_of(cols.max(1)) {
-            return Err(value_error(format!("input {:?} is not rows of {cols}", x.shape)));
+            return Err(value_error(format!(
+                "input {:?} is not rows of {cols}",
+                x.shape
+            )));
         }
         Ok(x.size() / cols.max(1))
     }
@@ -45,11 +48,18 @@ impl GpuMoeFfn {
         let k = self.n_used;
         let bytes = (n * k * 4) as u64;
         let gpu = &self.gpu;
-        let (ids, w) = py.detach(|| (gpu.read(r.ids.raw(), 0, bytes), gpu.read(r.weights.raw(), 0, bytes)));
+        let (ids, w) = py.detach(|| {
+            (
+                gpu.read(r.ids.raw(), 0, bytes),
+                gpu.read(r.weights.raw(), 0, bytes),
+            )
+        });
         let ids: Vec<i32> = bytemuck::pod_collect_to_vec(&ids);
         let w: Vec<f32> = bytemuck::pod_collect_to_vec(&w);
         (
-            Array2::from_shape_vec((n, k), ids).unwrap().into_pyarray(py),
+            Array2::from_shape_vec((n, k), ids)
+                .unwrap()
+                .into_pyarray(py),
             Array2::from_shape_vec((n, k), w).unwrap().into_pyarray(py),
         )
     }
@@ -62,7 +72,9 @@ impl GpuMoeFfn {
     fn new(py: Python<'_>, device: PyRef<'_, GpuDevice>, ffn: PyRef<'_, MoeFfn>) -> PyResult<Self> {
         let gpu = device.gpu.clone();
         let moe = ffn.moe();
-        let up = py.detach(|| GpuMoe::upload(&gpu, &moe)).map_err(value_error)?;
+        let up = py
+            .detach(|| GpuMoe::upload(&gpu, &moe))
+            .map_err(value_error)?;
         Ok(Self {
             n_expert: up.n_expert,
             n_used: moe.routing.n_used,
@@ -93,7 +105,11 @@ impl GpuMoeFfn {
     }
 
     /// The routing of router logits (rows × n_expert, on the device), read back.
-    fn route_logits<'py>(&self, py: Python<'py>, logits: PyRef<'py, GpuTensor>) -> PyResult<Routes<'py>> {
+    fn route_logits<'py>(
+        &self,
+        py: Python<'py>,
+        logits: PyRef<'py, GpuTensor>,
+    ) -> PyResult<Routes<'py>> {
         let n = self.rows(&logits, self.n_expert)?;
         let r = self.moe.route_logits(&self.gpu, &logits.buf, n);
         Ok(self.read_routes(py, &r, n))

@@ -43,6 +43,12 @@ impl GpuTimestamps {
     fn take(&self, py: Python<'_>) -> (HashMap<String, (f64, u64)>, u64) {
         let gpu = &self.gpu;
         let (totals, untimed) = py.detach(|| gpu.take_profile());
-        (totals.into_iter().map(|(k, v)| (k.to_string(), v)).collect(), untimed)
+        (
+            totals
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            untimed,
+        )
     }
 }

@@ -16,8 +16,8 @@
 pub mod device;
 pub mod moe;
 pub mod ops;
-pub mod recurrent;
 pub mod profile;
+pub mod recurrent;
 pub mod weights;
 
 pub use device::{AdapterChoice, Gpu, GpuBuffer};

@@ -37,7 +37,14 @@ static COMBINE: Kernel = Kernel {
     name: "moe_combine",
     sources: &[MATH, MOE],
     entry: "combine",
-    bindings: &[(2, ReadWrite), (3, Uniform), (5, Read), (6, ReadWrite), (7, Read), (8, Read)],
+    bindings: &[
+        (2, ReadWrite),
+        (3, Uniform),
+        (5, Read),
+        (6, ReadWrite),
+        (7, Read),
+        (8, Read),
+    ],
 };
 
 /// The ggml type id of a weight format (quant.wgsl's T_*).
@@ -112,7 +119,8 @@ impl Acts<'_> {
         let at = match self.done.iter().position(|q| q.kind == kind) {
             Some(i) => i,
             None => {
-                self.done.push(ops::quantize_act(gpu, self.x, self.n, self.cols, kind));
+                self.done
+                    .push(ops::quantize_act(gpu, self.x, self.n, self.cols, kind));
                 self.done.len() - 1
             }
         };
@@ -140,7 +148,9 @@ impl GpuMoe {
     pub fn upload(gpu: &Gpu, moe: &Moe) -> Result<Self, String> {
         let n_expert = moe.n_expert();
         if n_expert > MAX_EXPERTS {
-            return Err(format!("{n_expert} experts: the GPU routing takes at most {MAX_EXPERTS}"));
+            return Err(format!(
+                "{n_expert} experts: the GPU routing takes at most {MAX_EXPERTS}"
+            ));
         }
         let mut tensors = vec![upload(gpu, &moe.gate.all)?];
         let fused = std::ptr::eq(moe.gate.all.data.as_ptr(), moe.up.all.data.as_ptr());
@@ -182,7 +192,10 @@ impl GpuMoe {
     /// Device bytes of the weights.
     pub fn bytes(&self) -> usize {
         let shared = self.shared.as_ref().map_or(0, |s| {
-            s.gate.bytes() + s.up.bytes() + s.down.bytes() + s.gate_inp.as_ref().map_or(0, GpuWeight::bytes)
+            s.gate.bytes()
+                + s.up.bytes()
+                + s.down.bytes()
+                + s.gate_inp.as_ref().map_or(0, GpuWeight::bytes)
         });
         self.router.bytes() + self.tensors.iter().map(GpuWeight::bytes).sum::<usize>() + shared
     }
@@ -258,13 +271,42 @@ impl GpuMoe {
         // the pairs grouped by expert, in tiles
         let params = self.params(n);
         let plan = gpu.alloc(((pairs + 4 * params.max_tiles as usize) * 4) as u64);
-        gpu.dispatch(&PLAN, &[], &[routes.ids.raw(), plan.raw()], bytes_of(&params), [1, 1, 1]);
+        gpu.dispatch(
+            &PLAN,
+            &[],
+            &[routes.ids.raw(), plan.raw()],
+            bytes_of(&params),
+            [1, 1, 1],
+        );
 
         // each pair's expert FFN: gate and up on its token's row, SwiGLU, down
-        let gate = self.experts(gpu, self.gate, acts.of(gpu, self.tensors[self.gate.tensor].ggml_type), &plan, &params, k);
-        let up = self.experts(gpu, self.up, acts.of(gpu, self.tensors[self.up.tensor].ggml_type), &plan, &params, k);
+        let gate = self.experts(
+            gpu,
+            self.gate,
+            acts.of(gpu, self.tensors[self.gate.tensor].ggml_type),
+            &plan,
+            &params,
+            k,
+        );
+        let up = self.experts(
+            gpu,
+            self.up,
+            acts.of(gpu, self.tensors[self.up.tensor].ggml_type),
+            &plan,
+            &params,
+            k,
+        );
         let h = gpu.alloc((pairs * n_ff * 4) as u64);
-        ops::elementwise(gpu, Elementwise::Swiglu, &h, Some(&gate), Some(&up), pairs * n_ff, 0, 0.0);
+        ops::elementwise(
+            gpu,
+            Elementwise::Swiglu,
+            &h,
+            Some(&gate),
+            Some(&up),
+            pairs * n_ff,
+            0,
+            0.0,
+        );
         let down_type = self.tensors[self.down.tensor].ggml_type;
         let hq = ops::quantize_act(gpu, &h, pairs, n_ff, ops::act_kind(down_type));
         let y = self.experts(gpu, self.down, &hq, &plan, &params, 1);
@@ -280,7 +322,16 @@ impl GpuMoe {
             }
             let n_sh = s.gate.rows;
             let hs = gpu.alloc((n * n_sh * 4) as u64);
-            ops::elementwise(gpu, Elementwise::Swiglu, &hs, Some(&sg), Some(&su), n * n_sh, 0, 0.0);
+            ops::elementwise(
+                gpu,
+                Elementwise::Swiglu,
+                &hs,
+                Some(&sg),
+                Some(&su),
+                n * n_sh,
+                0,
+                0.0,
+            );
             let hsq = ops::quantize_act(gpu, &hs, n, n_sh, ops::act_kind(s.down.ggml_type));
             ysh = Some(ops::matmul(gpu, &s.down, &hsq));
             mode = if gsh.is_some() { 2 } else { 1 };
@@ -349,7 +400,15 @@ impl GpuMoe {
                 gpu.dispatch(
                     &MATMUL,
                     &[("FMT", w.ggml_type), ("LANES", lanes), ("MOE", 1)],
-                    &[buf.raw(), x.xq.raw(), x.xd.raw(), x.xs.raw(), x.xh.raw(), out.raw(), plan.raw()],
+                    &[
+                        buf.raw(),
+                        x.xq.raw(),
+                        x.xd.raw(),
+                        x.xs.raw(),
+                        x.xh.raw(),
+                        out.raw(),
+                        plan.raw(),
+                    ],
                     bytes_of(&p),
                     [gx, gy, (tiles - tile0).min(MAX_GROUPS)],
                 );
@@ -367,11 +426,14 @@ fn max_tiles(pairs: usize, n_expert: usize) -> usize {
 /// Whether rows row0..row0+rows of the whole tensor hold any row of the view of some expert.
 fn chunk_has_view_rows(row0: usize, rows: usize, stride: usize, view: View) -> bool {
     let (first, last) = (row0, row0 + rows); // [first, last)
-    // rows of expert e's view: e*stride + offset .. + view.rows
+                                             // rows of expert e's view: e*stride + offset .. + view.rows
     let e0 = first / stride;
     let e1 = (last - 1) / stride;
     (e0..=e1).any(|e| {
-        let (a, b) = (e * stride + view.offset, e * stride + view.offset + view.rows);
+        let (a, b) = (
+            e * stride + view.offset,
+            e * stride + view.offset + view.rows,
+        );
         a < last && b > first
     })
 }
@@ -387,11 +449,15 @@ mod tests {
             for n_expert in 1..20 {
                 let worst: usize = (0..n_expert.min(pairs))
                     .map(|e| {
-                        let c = pairs / n_expert.min(pairs) + usize::from(e < pairs % n_expert.min(pairs));
+                        let c = pairs / n_expert.min(pairs)
+                            + usize::from(e < pairs % n_expert.min(pairs));
                         c.div_ceil(TILE)
                     })
                     .sum();
-                assert!(worst <= max_tiles(pairs, n_expert), "pairs {pairs} experts {n_expert}");
+                assert!(
+                    worst <= max_tiles(pairs, n_expert),
+                    "pairs {pairs} experts {n_expert}"
+                );
             }
         }
     }

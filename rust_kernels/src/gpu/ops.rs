@@ -27,7 +27,16 @@ pub(crate) static MATMUL: Kernel = Kernel {
     name: "matmul",
     sources: &[QUANT, MATH, include_str!("shaders/matmul.wgsl")],
     entry: "main",
-    bindings: &[(0, Read), (1, Read), (2, Read), (3, Read), (4, Read), (5, ReadWrite), (6, Uniform), (7, Read)],
+    bindings: &[
+        (0, Read),
+        (1, Read),
+        (2, Read),
+        (3, Read),
+        (4, Read),
+        (5, ReadWrite),
+        (6, Uniform),
+        (7, Read),
+    ],
 };
 static GET_ROWS: Kernel = Kernel {
     name: "get_rows",
@@ -192,7 +201,15 @@ pub fn matmul(gpu: &Gpu, w: &GpuWeight, x: &QuantizedAct) -> GpuBuffer {
         gpu.dispatch(
             &MATMUL,
             &[("FMT", w.ggml_type), ("LANES", lanes)],
-            &[buf.raw(), x.xq.raw(), x.xd.raw(), x.xs.raw(), x.xh.raw(), out.raw(), &gpu.dummy],
+            &[
+                buf.raw(),
+                x.xq.raw(),
+                x.xd.raw(),
+                x.xs.raw(),
+                x.xh.raw(),
+                out.raw(),
+                &gpu.dummy,
+            ],
             bytes_of(&p),
             [gx, gy, n.div_ceil(8) as u32],
         );

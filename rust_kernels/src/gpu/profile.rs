@@ -86,7 +86,10 @@ impl Profiler {
                 timeout: None,
             })
             .expect("device poll");
-        let data = slice.get_mapped_range().expect("mapped timestamps").to_vec();
+        let data = slice
+            .get_mapped_range()
+            .expect("mapped timestamps")
+            .to_vec();
         let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&data);
         self.staging.unmap();
         let period = f64::from(queue.get_timestamp_period()) * 1e-9;
@@ -104,20 +107,28 @@ impl Profiler {
 
     /// The totals since the last call, and the passes that could not be timed.
     pub fn take(&mut self) -> (HashMap<&'static str, (f64, u64)>, u64) {
-        (std::mem::take(&mut self.totals), std::mem::take(&mut self.untimed))
+        (
+            std::mem::take(&mut self.totals),
+            std::mem::take(&mut self.untimed),
+        )
     }
 }
 
 impl super::Gpu {
     /// Whether the adapter can time passes (`TIMESTAMP_QUERY`).
     pub fn has_timestamps(&self) -> bool {
-        self.device.features().contains(wgpu::Features::TIMESTAMP_QUERY)
+        self.device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
     }
 
     /// Starts (or stops) timing every dispatch; work recorded so far is submitted first.
     pub fn set_profiling(&self, on: bool) -> Result<(), String> {
         if on && !self.has_timestamps() {
-            return Err(format!("{}: no timestamp queries on this adapter", self.describe()));
+            return Err(format!(
+                "{}: no timestamp queries on this adapter",
+                self.describe()
+            ));
         }
         self.flush();
         let mut p = self.profiler.lock().unwrap();
@@ -133,6 +144,10 @@ impl super::Gpu {
     /// the passes that were not timed.
     pub fn take_profile(&self) -> (HashMap<&'static str, (f64, u64)>, u64) {
         self.flush();
-        self.profiler.lock().unwrap().as_mut().map_or_else(|| (HashMap::new(), 0), Profiler::take)
+        self.profiler
+            .lock()
+            .unwrap()
+            .as_mut()
+            .map_or_else(|| (HashMap::new(), 0), Profiler::take)
     }
 }

@@ -533,13 +533,15 @@ macro_rules! dot_float_body {
 unsafe fn dot_f32(w: &[u8], a: &[f32]) -> f32 {
     let n = a.len();
     let (mut sum, tail, wp) =
-        dot_float_body!(f32, f32, w, a, |p| _mm256_loadu_ps(p), |q| _mm256_loadu_ps(q));
+        dot_float_body!(f32, f32, w, a, |p| _mm256_loadu_ps(p), |q| _mm256_loadu_ps(
+            q
+        ));
     let fused = tail + (n - tail) / 4 * 4;
-    for i in tail..fused {
-        sum += std::ptr::read_unaligned(wp.add(i)) * a[i];
+    for (i, &av) in a.iter().enumerate().take(fused).skip(tail) {
+        sum += std::ptr::read_unaligned(wp.add(i)) * av;
     }
-    for i in fused..n {
-        sum = std::ptr::read_unaligned(wp.add(i)).mul_add(a[i], sum);
+    for (i, &av) in a.iter().enumerate().skip(fused) {
+        sum = std::ptr::read_unaligned(wp.add(i)).mul_add(av, sum);
     }
     sum
 }
@@ -575,14 +577,18 @@ unsafe fn dot_bf16(w: &[u8], a: &[u16]) -> f32 {
     for s in 0..steps {
         for (k, accum) in acc.iter_mut().enumerate() {
             let off = 32 * s + 8 * k;
-            *accum = _mm256_fmadd_ps(load_bf16x8(wp.add(off)), load_bf16x8(a.as_ptr().add(off)), *accum);
+            *accum = _mm256_fmadd_ps(
+                load_bf16x8(wp.add(off)),
+                load_bf16x8(a.as_ptr().add(off)),
+                *accum,
+            );
         }
     }
     let c = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
     let mut sum = hsum_ps(c) as f64;
-    for i in 32 * steps..n {
+    for (i, &av) in a.iter().enumerate().skip(32 * steps) {
         let wv: u16 = std::ptr::read_unaligned(wp.add(i));
-        sum += (bf16_bits_to_f32(wv) * bf16_bits_to_f32(a[i])) as f64;
+        sum += (bf16_bits_to_f32(wv) * bf16_bits_to_f32(av)) as f64;
     }
     sum as f32
 }
