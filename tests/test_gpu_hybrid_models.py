@@ -10,7 +10,7 @@ from pathlib import Path
 import hyserve_kernels as hk
 import numpy as np
 import pytest
-from test_gpu_models import TEXT, assert_close_to_cpu, fresh, run
+from test_gpu_models import TEXT, assert_close_to_cpu, assert_deterministic_and_batch_invariant, fresh, run
 
 from hyserve.model.architectures.base import ForwardCancelled, Logits, Segment
 from hyserve.model.gguf_file import GGUFFile
@@ -54,23 +54,7 @@ def test_hybrid_gpu_logits_match_the_cpu_path(pair: Pair) -> None:
 
 
 def test_hybrid_gpu_results_are_deterministic_and_batch_invariant(pair: Pair) -> None:
-    arch = pair.gpu_arch
-    tokens = pair.tokenizer.encode(TEXT)[:30]
-    whole = fresh(arch, tokens)
-    np.testing.assert_array_equal(fresh(arch, tokens), whole)
-    memory = arch.new_memory(256)
-    parts = [run(arch, memory, tokens[a:b]) for a, b in [(0, 5), (5, 6), (6, 17), (17, 30)]]
-    np.testing.assert_array_equal(np.concatenate(parts), whole)
-    memory = arch.new_memory(256)
-    np.testing.assert_array_equal(np.concatenate([run(arch, memory, [t]) for t in tokens[:8]]), whole[:8])
-    other = pair.tokenizer.encode("a different one, about the sea and boats")
-    m1, m2 = arch.new_memory(256), arch.new_memory(256)
-    run(arch, m1, tokens[:3], Logits.NONE)
-    out = arch.forward(
-        [Segment(m1, np.asarray(tokens[3:], np.int32), Logits.ALL), Segment(m2, np.asarray(other, np.int32))]
-    )
-    np.testing.assert_array_equal(out[0], whole[3:])
-    np.testing.assert_array_equal(out[1], fresh(arch, other)[-1])
+    assert_deterministic_and_batch_invariant(pair.gpu_arch, pair.tokenizer, 30, 256)
 
 
 def test_hybrid_gpu_states_restore_exactly(pair: Pair) -> None:

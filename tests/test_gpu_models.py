@@ -68,25 +68,30 @@ def test_gpu_logits_match_the_cpu_path(pair: Pair) -> None:
         assert_close_to_cpu(fresh(pair.cpu.arch, tokens[:n]), fresh(pair.gpu_arch, tokens[:n]))
 
 
-def test_gpu_results_are_deterministic_and_batch_invariant(pair: Pair) -> None:
-    arch = pair.gpu_arch
-    tokens = pair.tokenizer.encode(TEXT)[:40]
+def assert_deterministic_and_batch_invariant(arch, tokenizer, n_tokens: int, n_ctx: int) -> None:
+    """Runs repeat bit for bit; chunked prompts == one batch == token by token; two sequences in
+    one batch == each alone."""
+    tokens = tokenizer.encode(TEXT)[:n_tokens]
     whole = fresh(arch, tokens)
     np.testing.assert_array_equal(fresh(arch, tokens), whole)
-    memory = arch.new_memory(512)
-    parts = [run(arch, memory, tokens[a:b]) for a, b in [(0, 5), (5, 6), (6, 17), (17, 40)]]
+    memory = arch.new_memory(n_ctx)
+    parts = [run(arch, memory, tokens[a:b]) for a, b in [(0, 5), (5, 6), (6, 17), (17, n_tokens)]]
     np.testing.assert_array_equal(np.concatenate(parts), whole)
-    memory = arch.new_memory(512)
-    np.testing.assert_array_equal(np.concatenate([run(arch, memory, [t]) for t in tokens[:12]]), whole[:12])
-    # two sequences in one batch equal each alone
-    other = pair.tokenizer.encode("a different one, about the sea and boats")
-    m1, m2 = arch.new_memory(512), arch.new_memory(512)
+    memory = arch.new_memory(n_ctx)
+    single = n_tokens * 3 // 10
+    np.testing.assert_array_equal(np.concatenate([run(arch, memory, [t]) for t in tokens[:single]]), whole[:single])
+    other = tokenizer.encode("a different one, about the sea and boats")
+    m1, m2 = arch.new_memory(n_ctx), arch.new_memory(n_ctx)
     run(arch, m1, tokens[:3], Logits.NONE)
     out = arch.forward(
         [Segment(m1, np.asarray(tokens[3:], np.int32), Logits.ALL), Segment(m2, np.asarray(other, np.int32))]
     )
     np.testing.assert_array_equal(out[0], whole[3:])
     np.testing.assert_array_equal(out[1], fresh(arch, other)[-1])
+
+
+def test_gpu_results_are_deterministic_and_batch_invariant(pair: Pair) -> None:
+    assert_deterministic_and_batch_invariant(pair.gpu_arch, pair.tokenizer, 40, 512)
 
 
 def test_gpu_memory_copies_are_exact(pair: Pair) -> None:
