@@ -59,6 +59,7 @@ class Figures:
     deadline_exceeded: int = 0
     refused_draining: int = 0  # UNAVAILABLE during the SIGTERM drain/restart
     failed: int = 0  # INTERNAL or any status not caused by a fault
+    failed_by_status: Counter = field(default_factory=Counter)
     compared_complete: int = 0
     compared_partial: int = 0
     with_output: int = 0
@@ -93,6 +94,7 @@ class Figures:
                 self.refused_draining += 1
             elif out.status is not None and out.status is not grpc.StatusCode.CANCELLED:
                 self.failed += 1
+                self.failed_by_status[out.status.name] += 1
 
     def report(self) -> str:
         return "\n".join(
@@ -102,7 +104,7 @@ class Figures:
                 f"tasks completed {self.completed}, cancelled {self.cancelled_queued} queued + "
                 f"{self.cancelled_running} running, disconnected {self.disconnected}, "
                 f"deadline exceeded {self.deadline_exceeded}, refused while draining {self.refused_draining}, "
-                f"failed {self.failed}, lost {self.lost}",
+                f"failed {self.failed} {dict(self.failed_by_status)}, lost {self.lost}",
                 f"leaked slots {self.leaked_slots} ({'; '.join(self.idle_checks)})",
                 f"invariant checks {self.invariant_checks}, violations {self.invariant_violations}",
                 f"outputs equal to the cache-free reference: {self.compared_complete} complete, "

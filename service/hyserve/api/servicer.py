@@ -149,7 +149,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         # a Cancel that came first: flagged before the engine can admit it, ended once it is queued
         early = bool(request.task_id) and self.early_cancels.take(run.task.id, self._owner(context))
         if early:
-            run.task.request_cancel(CancelSource.RPC)
+            run.task.request_cancel()
         try:
             run.submit()
         except (DuplicateTaskError, QueueFullError, EngineClosedError) as exc:
