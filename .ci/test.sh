@@ -13,4 +13,4 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 "$PY" -m ruff format --check service tests bench clients
 bash .ci/lint-deploy.sh
 (cd rust_kernels && cargo clippy --all-targets -q -- -D warnings && cargo test -q --release)
-"$PY" -m pytest -q -p no:cacheprovider tests "$@"
+"$PY" -m pytest -q -p no:cacheprovider --durations=20 tests "$@"

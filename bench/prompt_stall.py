@@ -25,12 +25,14 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_process import running_server
 
+from hyserve.logging_setup import configure_logging
 from hyserve_client import Delta, HyserveClient, HyserveError
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly boxers".split()
 
 
 def main() -> int:
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--text-mb", type=float, default=1.0)
     ap.add_argument("--server-arg", action="append", default=[], help="extra `hyserve serve` argument (repeatable)")

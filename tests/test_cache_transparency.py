@@ -340,14 +340,14 @@ def test_cache_is_transparent_on_attention_only_memory(attention_rig: Rig, data:
     run_example(attention_rig, data)
 
 
-@settings(SETTINGS, max_examples=EXAMPLES // 8)
+@settings(SETTINGS, max_examples=EXAMPLES // 20)
 @given(data=st.data())
 def test_cache_is_transparent_on_the_gpu(gpu_rig: Rig, data: st.DataObject) -> None:
     """Fewer examples: the software adapter is slow, and the engine logic is the CPU runs' own."""
     run_example(gpu_rig, data)
 
 
-@settings(SETTINGS, max_examples=EXAMPLES // 8)
+@settings(SETTINGS, max_examples=EXAMPLES // 20)
 @given(data=st.data())
 def test_cache_is_transparent_on_the_gpu_with_recurrent_memory(hybrid_gpu_rig: Rig, data: st.DataObject) -> None:
     run_example(hybrid_gpu_rig, data)

@@ -10,13 +10,12 @@ from pathlib import Path
 import hyserve_kernels as hk
 import numpy as np
 import pytest
+from fixtures import make_models
 from test_gpu_models import TEXT, assert_close_to_cpu, assert_deterministic_and_batch_invariant, fresh, run
 
 from hyserve.model.architectures.base import ForwardCancelled, Logits, Segment
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.loader import ARCHITECTURES, load_model
-
-make_models = pytest.importorskip("fixtures.make_models")
 
 # small shapes: lavapipe runs every case in CI
 CASES = [

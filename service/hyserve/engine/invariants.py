@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hyserve.engine.checkpoints import Checkpoint
+from hyserve.engine.guards import require
 from hyserve.model.architectures.base import Architecture, Logits, Segment
 from hyserve.model.memory import KVCache, SequenceMemory, Snapshot, WindowCache
 
@@ -60,7 +61,7 @@ def snapshot_mismatch(snap: Snapshot, reference: SequenceMemory) -> str | None:
     n = snap.n_tokens
     for il, (base, k, v) in snap.windows.items():
         cache = reference.kv[il]
-        assert isinstance(cache, KVCache)
+        require(isinstance(cache, KVCache), f"window layer {il}: the reference is not a full cache")
         if not (_bits_equal(k, cache.k[base:n]) and _bits_equal(v, cache.v[base:n])):
             return f"window layer {il}: keys/values differ from a fresh evaluation"
     return None
@@ -77,7 +78,7 @@ def memory_mismatch(memory: SequenceMemory, reference: SequenceMemory) -> str | 
         return f"reference holds {reference.n_tokens} tokens, memory {n}"
     for il, cache in memory.kv.items():
         ref = reference.kv[il]
-        assert isinstance(ref, KVCache)
+        require(isinstance(ref, KVCache), f"layer {il}: the reference is not a full cache")
         if isinstance(cache, WindowCache):
             start = max(memory.ring_valid_from, n - cache.capacity, 0)
             k, v = cache.read(start, n)
