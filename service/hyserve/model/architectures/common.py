@@ -13,6 +13,12 @@ from hyserve.model.backend.cpu import CPU
 from hyserve.model.memory import RecurrentState, SequenceMemory, WindowCache
 
 
+def inv_sqrt_f32(n: float) -> np.float32:
+    """1/sqrt(n) as llama.cpp computes attention scales, in float (`1.0f/sqrtf(float(n))`): the
+    quotient of the double square root rounds differently for some n (24, 96, 112)."""
+    return np.float32(1.0) / np.sqrt(np.float32(n))
+
+
 def attend(
     ops: Backend,
     segments: Sequence[Segment],

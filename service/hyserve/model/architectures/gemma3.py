@@ -19,7 +19,7 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import advance, attend, output_logits
+from hyserve.model.architectures.common import advance, attend, inv_sqrt_f32, output_logits
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
@@ -71,8 +71,8 @@ class Gemma3(Architecture):
         base_swa = hp.float("rope.freq_base_swa", 10000.0)
         scale = 1.0 / hp.float("rope.scaling.factor", 1.0) if hp.optional("rope.scaling.type") == "linear" else 1.0
         # llama.cpp ignores query_pre_attn_scalar; the 62-layer (27B) model uses n_embd/n_head.
-        q_dim = self.n_embd / self.n_head if self.n_layer == 62 else self.head_dim
-        self.q_scale = np.float32(1.0 / math.sqrt(q_dim))
+        q_dim = self.n_embd // self.n_head if self.n_layer == 62 else self.head_dim
+        self.q_scale = inv_sqrt_f32(q_dim)
         self.embd_scale = np.float32(math.sqrt(self.n_embd))
 
         self.token_embd = w.matrix("token_embd.weight")

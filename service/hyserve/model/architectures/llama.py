@@ -5,7 +5,6 @@ SwiGLU FFN, grouped-query attention with the scale applied to the scores (not to
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -18,7 +17,7 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import advance, attend, output_logits
+from hyserve.model.architectures.common import advance, attend, inv_sqrt_f32, output_logits
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
@@ -64,7 +63,7 @@ class Llama(Architecture):
         self.rope_scale = 1.0 / hp.float("rope.scaling.factor", 1.0) if linear else 1.0
         self.eps = hp.float("attention.layer_norm_rms_epsilon", 1e-6)
         self.n_ctx_train = hp.int("context_length")
-        self.kq_scale = 1.0 / math.sqrt(self.head_dim)
+        self.kq_scale = float(inv_sqrt_f32(self.head_dim))
 
         self.token_embd = w.matrix("token_embd.weight")
         self.n_vocab = self.token_embd.rows

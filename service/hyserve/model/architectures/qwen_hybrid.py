@@ -9,7 +9,6 @@ succeeded, so a cancel or an error mid-call leaves every memory exactly as it wa
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -18,7 +17,7 @@ import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.model.architectures.base import Architecture, Segment, check_cancel, segment_rows
-from hyserve.model.architectures.common import WorkingStates, advance, attend, output_logits
+from hyserve.model.architectures.common import WorkingStates, advance, attend, inv_sqrt_f32, output_logits
 from hyserve.model.architectures.ffn import Ffn
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
@@ -204,7 +203,7 @@ class QwenHybrid(Architecture):
         k = ops.rms_norm(k, L.k_norm, self.eps)
         q = self._rope(q, self.n_head, pos)
         k = self._rope(k, self.n_kv, pos)
-        a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=1.0 / math.sqrt(hd))
+        a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=float(inv_sqrt_f32(hd)))
         ops.sigmoid_mul_(a, gate)
         return ops.matmul(L.wo, a, cancel)
 
