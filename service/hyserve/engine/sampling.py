@@ -41,7 +41,8 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
     # a NaN; ordinary values pass the clips unchanged (same float32 arithmetic as llama.cpp).
     with np.errstate(over="ignore"):
         vals = _saturate(np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty))
-        out[ids] = _saturate(vals - _saturate(counts * p.frequency_penalty) - p.presence_penalty)
+        # one subtraction of count * frequency + presence, grouped as llama.cpp's penalties sampler
+        out[ids] = _saturate(vals - _saturate(counts * p.frequency_penalty + p.presence_penalty))
     return out
 
 
@@ -91,24 +92,38 @@ def top_candidates(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def sample(logits: np.ndarray, history: Sequence[int], p: SamplingParams, rng: np.random.Generator) -> int:
-    """Greedy: the first maximum. Otherwise temperature, then top-k, top-p and min-p over the
-    candidates in descending order, as llama.cpp's sampler chain; only candidates are sorted."""
+    """Greedy: the first maximum. Otherwise llama.cpp's default chain (common_params_sampling's
+    and llama-cpp-python's order): penalties, top-k, top-p, min-p on the untempered distribution,
+    then temperature over the tokens kept and a draw; only candidates are sorted."""
     logits = apply_penalties(logits, history, p)
     if p.greedy:
         return int(np.argmax(logits))
     if p.top_k > 0:
         order = top_candidates(logits, p.top_k)
-        x = _scaled(logits[order], p.temperature)
+        x = logits[order].astype(np.float64)
         probs = np.exp(x - x[0])
         probs /= probs.sum()
     else:
         order, probs = _nucleus(logits, p)
-    keep = len(order)
-    if p.top_p < 1.0:
-        keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
-    if p.min_p > 0.0:
-        keep = min(keep, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
-    return int(order[_draw(probs[:keep], rng)])
+    keep = kept_prefix(probs, p.top_p, p.min_p)
+    return int(order[_draw(_tempered(logits[order[:keep]], p.temperature), rng)])
+
+
+def kept_prefix(probs: np.ndarray, top_p: float, min_p: float) -> int:
+    """How many of the candidates (descending `probs`, before temperature) top-p and min-p keep:
+    top-p the smallest prefix whose sum reaches top_p, min-p those at least min_p times the first."""
+    keep = len(probs)
+    if top_p < 1.0:
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), top_p) + 1))
+    if min_p > 0.0:
+        keep = min(keep, max(1, int(np.sum(probs >= min_p * probs[0]))))
+    return keep
+
+
+def _tempered(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(logits / temperature), unnormalised (the draw normalises)."""
+    x = _scaled(logits, temperature)
+    return np.exp(x - x.max())
 
 
 def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
@@ -121,9 +136,9 @@ def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 def _nucleus(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """Without top-k: the smallest descending prefix of the vocabulary that contains the top-p and
-    min-p cut points, with probabilities normalised over the whole vocabulary. With neither cut,
-    the whole vocabulary in index order (sampling needs no order)."""
-    x = _scaled(logits, p.temperature)
+    min-p cut points, with untempered probabilities normalised over the whole vocabulary. With
+    neither cut, the whole vocabulary in index order (sampling needs no order)."""
+    x = logits.astype(np.float64)
     e = np.exp(x - x.max())
     total = e.sum()
     if p.top_p >= 1.0 and p.min_p <= 0.0:
