@@ -23,7 +23,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.monotonic()
     per_arch: collections.Counter[str] = collections.Counter()
-    failed, identical, cases = [], 0, 0
+    failed, identical, cases, claimed = [], 0, 0, 0
     with tempfile.TemporaryDirectory() as d:
         for index in range(args.start, args.start + args.fixtures):
             fx = draw(args.seed, index)
@@ -38,10 +38,12 @@ def main() -> None:
                 cases += 1
                 per_arch[f"{fx.arch}/{fx.qtype}"] += 1
                 identical += o.bit_identical
+                claimed += o.claimed_bits
                 if not o.passed:
                     failed.append(o.fixture)
                     print("FAIL", o.describe(), flush=True)
     summary = {"seed": args.seed, "fixtures": args.fixtures, "cases": cases, "bit_identical": identical}
+    summary["claimed_bit_identical"] = claimed
     summary |= {"failed": len(failed), "seconds": round(time.monotonic() - t0, 1), "per_arch_qtype": dict(per_arch)}
     print(json.dumps(summary, sort_keys=True))
 
