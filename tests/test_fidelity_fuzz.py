@@ -158,3 +158,13 @@ def test_the_fuzz_withdraws_bit_claims_where_llama_cpp_uses_tinyblas(heads: int,
     shape = Shape("llama", 1, 128, 64, heads, 1, 16 if heads == 3 else 32)
     path = writer.write(tmp_path / "m.gguf", shape, make_vocab(50), "q8_0", seed=2)
     assert tinyblas_matrices(path) == (["blk.0.attn_output.weight"] if heads == 3 else [])
+
+
+def test_drawn_rope_sections_keep_a_text_axis() -> None:
+    """llama.cpp aborts the process (GGML_ASSERT in its IMROPE) when sections 0-2 are all empty;
+    seed 5 drew (0, 0, 0, 8) for fixture 48 and took the whole fuzz run down with it."""
+    for seed in range(10):
+        for index in range(60):
+            fx = draw(seed, index)
+            sections = fx.shape.sections if fx.shape else fx.builder_kw.get("rope_sections", [1])
+            assert fx.arch not in ("qwen35", "qwen35moe") or sum(sections[:3]) > 0, fx

@@ -58,6 +58,8 @@ def _sections(r: random.Random, n_pairs: int) -> tuple[int, int, int, int]:
     s = [cuts[0], cuts[1] - cuts[0], cuts[2] - cuts[1], n_pairs - cuts[2]]
     if r.random() < 0.6:  # published Qwen3.5 sections leave the fourth (image) axis empty
         s = [s[0] + s[3], s[1], s[2], 0]
+    if s[0] + s[1] + s[2] == 0:  # llama.cpp's IMROPE aborts (GGML_ASSERT) without a text axis
+        s = [s[3], 0, 0, 0]
     return s[0], s[1], s[2], s[3]
 
 
