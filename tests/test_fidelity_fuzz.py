@@ -9,8 +9,9 @@ tensor (llama.cpp's eval callback against a spy on hyserve's kernels).
 
 HYSERVE_FUZZ_FIXTURES (default 50: 207 texts) and HYSERVE_FUZZ_SEED (default 0) widen or vary
 the run; `python -m fidelity.run --seed S --fixtures N` (from tests/) runs it outside pytest. Also
-the unit tests of the ops the fuzz found differing: libm-rounded sigmoid/softplus and ggml's
-float dot products."""
+the unit tests of the ops the fuzz found differing: libm-rounded sigmoid/softplus, ggml's
+float dot products, the float attention scale; and of the fuzz's own rules (where llama.cpp uses
+tinyBLAS, which rope sections it can run)."""
 
 from __future__ import annotations
 
