@@ -23,6 +23,8 @@ pub mod quant;
 pub mod recurrent;
 mod recurrent_py;
 pub mod simd;
+pub mod spm;
+mod spm_py;
 pub mod threads;
 pub mod unary;
 mod unary_py;
@@ -121,5 +123,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gpu_recurrent_py::register(m)?;
     m.add_class::<gpu_moe_py::GpuMoeFfn>()?;
     m.add_class::<gpu_timing_py::GpuTimestamps>()?;
+    m.add_class::<spm_py::SpmVocab>()?;
     Ok(())
 }
