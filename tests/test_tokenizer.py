@@ -649,6 +649,33 @@ def test_bpe_special_tokens(bpe_case: tuple[str, Path, Tokenizer]) -> None:
     assert im_start not in tok.encode("<|im_start|>", add_special=False, parse_special=False)
 
 
+def test_spm_equal_scores_merge_leftmost_like_llama(oracle: ModuleType, tmp_path: Path) -> None:
+    """Two merges with the same score compete: llama.cpp takes the leftmost pair (not the lower id),
+    and merges through a character that is no token ("é" inside "bé")."""
+    import gguf
+
+    tokens = ["<unk>", "<s>", "</s>", "▁", "a", "b", "c", "bc", "ab", "bé", "<0xC3>", "<0xA9>"]
+    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -2.0, -2.0, -1.0, -1.0, -1.0, 0.0, 0.0]
+    types = [2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 6, 6]
+    path = tmp_path / "ties.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tok = Tokenizer.from_metadata(GGUFFile.open(path).metadata, cache_dir=tmp_path / "cache")
+    llama = oracle.Llama(str(path), vocab_only=True, verbose=False)
+    strings = ["abc", "bca", "cab", "abcabc", "a b c", "bcbc ab", "bé", "abé", "é", "cé a"]
+    _, mismatches = compare_with_llama(tok, llama, strings)
+    assert not mismatches, "\n".join(mismatches)
+    assert tok.encode("abc", add_special=False) == [3, 8, 6]  # ▁ ab c: "ab" is left of "bc"
+    assert tok.encode("é", add_special=False) == [3, 10, 11]  # ▁ and é's two byte tokens
+
+
 # ------------------------------------------------------------------------------------------
 # Cache and errors
 # ------------------------------------------------------------------------------------------

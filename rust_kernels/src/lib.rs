@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod cancel;
+mod gguf_py;
 pub mod gpu;
 mod gpu_moe_py;
 mod gpu_py;
@@ -124,5 +125,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gpu_moe_py::GpuMoeFfn>()?;
     m.add_class::<gpu_timing_py::GpuTimestamps>()?;
     m.add_class::<spm_py::SpmVocab>()?;
+    m.add_function(wrap_pyfunction!(gguf_py::gguf_string_array, m)?)?;
     Ok(())
 }

@@ -81,9 +81,17 @@ impl PartialOrd for Bigram {
 
 impl SpmVocab {
     /// `tokens[i]` has id `i` and score `scores[i]`. Duplicate texts keep the first id.
-    pub fn new(tokens: &[&str], scores: &[f32], byte_tokens: [Option<u32>; 256]) -> Result<Self, String> {
+    pub fn new(
+        tokens: &[&str],
+        scores: &[f32],
+        byte_tokens: [Option<u32>; 256],
+    ) -> Result<Self, String> {
         if tokens.len() != scores.len() {
-            return Err(format!("{} tokens but {} scores", tokens.len(), scores.len()));
+            return Err(format!(
+                "{} tokens but {} scores",
+                tokens.len(),
+                scores.len()
+            ));
         }
         if u32::try_from(tokens.len()).is_err() {
             return Err("more tokens than u32 ids".into());
@@ -154,8 +162,9 @@ impl SpmVocab {
                 offsets.push(s.ch);
             } else {
                 for &byte in piece.as_bytes() {
-                    let id = self.byte_tokens[byte as usize]
-                        .ok_or_else(|| format!("no token for byte 0x{byte:02X} and no unknown token"))?;
+                    let id = self.byte_tokens[byte as usize].ok_or_else(|| {
+                        format!("no token for byte 0x{byte:02X} and no unknown token")
+                    })?;
                     ids.push(id);
                     offsets.push(s.ch);
                 }
@@ -165,11 +174,23 @@ impl SpmVocab {
         Ok((ids, offsets))
     }
 
-    fn try_add(&self, text: &str, symbols: &[Symbol], left: usize, right: usize, queue: &mut BinaryHeap<Bigram>) {
+    fn try_add(
+        &self,
+        text: &str,
+        symbols: &[Symbol],
+        left: usize,
+        right: usize,
+        queue: &mut BinaryHeap<Bigram>,
+    ) {
         let (l, r) = (&symbols[left], &symbols[right]);
         let size = l.len + r.len;
         if let Some(&(_, score)) = self.ids.get(&text[l.start..l.start + size]) {
-            queue.push(Bigram { score, left, right, size });
+            queue.push(Bigram {
+                score,
+                left,
+                right,
+                size,
+            });
         }
     }
 }
@@ -187,11 +208,32 @@ mod tests {
     #[test]
     fn merges_by_score_then_leftmost() {
         // "ab" outscores "bc": "abc" -> ab + c; equal scores -> the left pair wins
-        let v = vocab(&[("?", 0.0), ("a", 0.0), ("b", 0.0), ("c", 0.0), ("ab", 2.0), ("bc", 1.0)]);
+        let v = vocab(&[
+            ("?", 0.0),
+            ("a", 0.0),
+            ("b", 0.0),
+            ("c", 0.0),
+            ("ab", 2.0),
+            ("bc", 1.0),
+        ]);
         assert_eq!(v.encode("abc").unwrap(), (vec![4, 3], vec![0, 2]));
-        let v = vocab(&[("?", 0.0), ("a", 0.0), ("b", 0.0), ("c", 0.0), ("ab", 1.0), ("bc", 1.0)]);
+        let v = vocab(&[
+            ("?", 0.0),
+            ("a", 0.0),
+            ("b", 0.0),
+            ("c", 0.0),
+            ("ab", 1.0),
+            ("bc", 1.0),
+        ]);
         assert_eq!(v.encode("abc").unwrap().0, vec![4, 3]);
-        let v = vocab(&[("?", 0.0), ("a", 0.0), ("b", 0.0), ("c", 0.0), ("ab", 1.0), ("bc", 2.0)]);
+        let v = vocab(&[
+            ("?", 0.0),
+            ("a", 0.0),
+            ("b", 0.0),
+            ("c", 0.0),
+            ("ab", 1.0),
+            ("bc", 2.0),
+        ]);
         assert_eq!(v.encode("abc").unwrap().0, vec![1, 5]);
     }
 

@@ -2,12 +2,13 @@
 
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::PyList;
 
 use crate::spm::SpmVocab as Vocab;
 use crate::{contiguous, value_error};
 
-/// llama.cpp's SPM tokenizer over a vocabulary: `SpmVocab(tokens, scores, byte_tokens)`, where
+/// llama.cpp's SPM tokenizer over a vocabulary: `SpmVocab(tokens, joined, scores, byte_tokens)`,
+/// where `joined` is `"".join(tokens)` (one UTF-8 conversion instead of one per token) and
 /// `byte_tokens[b]` is the token for byte `b` when a character is no token (-1: none).
 #[pyclass(frozen, module = "hyserve_kernels")]
 pub struct SpmVocab {
@@ -17,14 +18,40 @@ pub struct SpmVocab {
 #[pymethods]
 impl SpmVocab {
     #[new]
-    fn new(tokens: Vec<Bound<'_, PyString>>, scores: PyReadonlyArray1<'_, f32>, byte_tokens: Vec<i64>) -> PyResult<Self> {
-        let texts = tokens.iter().map(|t| t.to_str()).collect::<PyResult<Vec<&str>>>()?;
+    fn new(
+        tokens: &Bound<'_, PyList>,
+        joined: &str,
+        scores: PyReadonlyArray1<'_, f32>,
+        byte_tokens: Vec<i64>,
+    ) -> PyResult<Self> {
         if byte_tokens.len() != 256 {
             return Err(value_error("byte_tokens must have 256 entries"));
         }
         let mut table = [None; 256];
         for (slot, &id) in table.iter_mut().zip(&byte_tokens) {
             *slot = u32::try_from(id).ok();
+        }
+        // split `joined` at the tokens' lengths in characters
+        let mut chars = joined
+            .char_indices()
+            .map(|(i, _)| i)
+            .chain(std::iter::once(joined.len()));
+        let mut start = chars.next().unwrap_or(0);
+        let mut texts: Vec<&str> = Vec::with_capacity(tokens.len());
+        for item in tokens.iter() {
+            let n = item.len()?;
+            let end = if n == 0 {
+                start
+            } else {
+                chars
+                    .nth(n - 1)
+                    .ok_or_else(|| value_error("joined is shorter than the tokens"))?
+            };
+            texts.push(&joined[start..end]);
+            start = end;
+        }
+        if start != joined.len() {
+            return Err(value_error("joined is longer than the tokens"));
         }
         let scores = contiguous(&scores, "scores")?;
         let inner = Vocab::new(&texts, scores, table).map_err(value_error)?;
