@@ -27,6 +27,7 @@ pub mod simd;
 pub mod spm;
 mod spm_py;
 pub mod threads;
+pub mod token_table;
 pub mod unary;
 mod unary_py;
 
@@ -125,6 +126,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gpu_moe_py::GpuMoeFfn>()?;
     m.add_class::<gpu_timing_py::GpuTimestamps>()?;
     m.add_class::<spm_py::SpmVocab>()?;
+    m.add_class::<spm_py::TokenIndex>()?;
     m.add_function(wrap_pyfunction!(gguf_py::gguf_string_array, m)?)?;
     Ok(())
 }

@@ -8,38 +8,15 @@
 //! vocabulary's text -> (id, score) map is needed, so building it at load time is cheap.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BinaryHeap;
+use std::sync::Arc;
 
-/// A small multiplicative hash: token texts are short and not attacker-chosen keys of a table
-/// that grows at run time (the vocabulary is fixed), so SipHash's cost buys nothing here.
-#[derive(Default, Clone, Copy)]
-pub struct FxHasher(u64);
-
-const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let word = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
-        }
-        for &b in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(FX_SEED);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+use crate::token_table::TokenTable;
 
 /// The vocabulary as the SPM tokenizer needs it.
 pub struct SpmVocab {
-    ids: FxMap<Box<str>, (u32, f32)>,
+    table: Arc<TokenTable>,
+    scores: Vec<f32>,
     /// llama.cpp's `byte_to_token` for each byte value; None when the vocabulary has no token for it
     byte_tokens: [Option<u32>; 256],
 }
@@ -80,36 +57,24 @@ impl PartialOrd for Bigram {
 }
 
 impl SpmVocab {
-    /// `tokens[i]` has id `i` and score `scores[i]`. Duplicate texts keep the first id.
+    /// Token `i` of `table` has score `scores[i]`.
     pub fn new(
-        tokens: &[&str],
+        table: Arc<TokenTable>,
         scores: &[f32],
         byte_tokens: [Option<u32>; 256],
     ) -> Result<Self, String> {
-        if tokens.len() != scores.len() {
+        if table.len() != scores.len() {
             return Err(format!(
                 "{} tokens but {} scores",
-                tokens.len(),
+                table.len(),
                 scores.len()
             ));
         }
-        if u32::try_from(tokens.len()).is_err() {
-            return Err("more tokens than u32 ids".into());
-        }
-        let mut ids: FxMap<Box<str>, (u32, f32)> = FxMap::default();
-        ids.reserve(tokens.len());
-        for (i, (t, &s)) in tokens.iter().zip(scores).enumerate() {
-            ids.entry((*t).into()).or_insert((i as u32, s));
-        }
-        Ok(Self { ids, byte_tokens })
-    }
-
-    pub fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        Ok(Self {
+            table,
+            scores: scores.to_vec(),
+            byte_tokens,
+        })
     }
 
     /// Token ids of `text` and, for each, the index of the character it starts at.
@@ -157,7 +122,7 @@ impl SpmVocab {
         while i >= 0 {
             let s = symbols[i as usize];
             let piece = &text[s.start..s.start + s.len];
-            if let Some(&(id, _)) = self.ids.get(piece) {
+            if let Some(id) = self.table.get(piece) {
                 ids.push(id);
                 offsets.push(s.ch);
             } else {
@@ -184,9 +149,9 @@ impl SpmVocab {
     ) {
         let (l, r) = (&symbols[left], &symbols[right]);
         let size = l.len + r.len;
-        if let Some(&(_, score)) = self.ids.get(&text[l.start..l.start + size]) {
+        if let Some(id) = self.table.get(&text[l.start..l.start + size]) {
             queue.push(Bigram {
-                score,
+                score: self.scores[id as usize],
                 left,
                 right,
                 size,
@@ -199,10 +164,15 @@ impl SpmVocab {
 mod tests {
     use super::*;
 
+    fn table(texts: &[&str]) -> Arc<TokenTable> {
+        let lens: Vec<usize> = texts.iter().map(|t| t.chars().count()).collect();
+        Arc::new(TokenTable::new(texts.concat(), &lens).unwrap())
+    }
+
     fn vocab(tokens: &[(&str, f32)]) -> SpmVocab {
         let texts: Vec<&str> = tokens.iter().map(|t| t.0).collect();
         let scores: Vec<f32> = tokens.iter().map(|t| t.1).collect();
-        SpmVocab::new(&texts, &scores, [Some(0); 256]).unwrap()
+        SpmVocab::new(table(&texts), &scores, [Some(0); 256]).unwrap()
     }
 
     #[test]
@@ -248,7 +218,7 @@ mod tests {
 
     #[test]
     fn missing_byte_token_is_an_error() {
-        let v = SpmVocab::new(&["a"], &[0.0], [None; 256]).unwrap();
+        let v = SpmVocab::new(table(&["a"]), &[0.0], [None; 256]).unwrap();
         assert_eq!(v.encode("a").unwrap().0, vec![0]);
         assert!(v.encode("!").is_err());
     }

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import tokenizers
+from hyserve_kernels import TokenIndex
 from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models as _hf_models
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 _CACHE_FORMAT = "hyserve-tokenizer-v3"
 
 
-def _bpe_merges(merges: list[str], token_ids: dict[str, int]) -> list[tuple[str, str]]:
+def _bpe_merges(merges: list[str], token_ids: TokenIndex) -> list[tuple[str, str]]:
     """GGUF merges ("left right", split at the first space after position 0) usable by `tokenizers`."""
     out: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
@@ -80,7 +81,7 @@ def _tokenizer_json(vocab: Vocab) -> str:
         "ignore_merges": vocab.pre_spec.ignore_merges,
     }
     pre_tokenizer = _pre_tokenizer_json(vocab.pre_spec)
-    model["vocab"] = vocab.token_ids
+    model["vocab"] = dict(zip(vocab.tokens, range(len(vocab.tokens)), strict=True))
     # "a b" strings parse faster than pairs, but only work when no side contains a space
     if any(" " in a or " " in b for a, b in merges):
         model["merges"] = merges

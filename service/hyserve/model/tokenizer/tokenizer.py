@@ -94,12 +94,8 @@ def _spm_byte_tokens(vocab: Vocab) -> list[int]:
 def _spm_piece_encoder(vocab: Vocab) -> PieceEncoder:
     if vocab.scores is None:
         raise TokenizerError("a SentencePiece vocabulary without scores")
-    try:
-        scores = np.ascontiguousarray(vocab.scores, dtype=np.float32)
-        native = SpmVocab(vocab.tokens, "".join(vocab.tokens), scores, _spm_byte_tokens(vocab))
-    except UnicodeEncodeError as exc:
-        raise TokenizerError(f"a token is not valid UTF-8: {exc}") from exc
-    encode = native.encode
+    scores = np.ascontiguousarray(vocab.scores, dtype=np.float32)
+    encode = SpmVocab(vocab.token_ids, scores, _spm_byte_tokens(vocab)).encode
 
     def piece(text: str) -> tuple[list[int], list[int]]:
         try:
