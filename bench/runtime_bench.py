@@ -190,7 +190,7 @@ def main() -> None:
 
     path = str(resolve_model_path(args.model))
     llama_side = setup_llama_cpp(path, args.threads, args.n_prompt, args.n_gen)
-    ours_side = setup_hyserve(args.model, args.threads, args.n_prompt, args.n_gen)
+    ours_side = setup_hyserve(path, args.threads, args.n_prompt, args.n_gen)  # the same path: no checksum of 'default'
     run_interleaved([llama_side, ours_side], args.repeats)
     llama = llama_side.result(args.n_prompt, args.n_gen)
     ours = ours_side.result(args.n_prompt, args.n_gen)

@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod cancel;
+mod gguf_py;
 pub mod gpu;
 mod gpu_moe_py;
 mod gpu_py;
@@ -23,7 +24,10 @@ pub mod quant;
 pub mod recurrent;
 mod recurrent_py;
 pub mod simd;
+pub mod spm;
+mod spm_py;
 pub mod threads;
+pub mod token_table;
 pub mod unary;
 mod unary_py;
 
@@ -121,5 +125,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gpu_recurrent_py::register(m)?;
     m.add_class::<gpu_moe_py::GpuMoeFfn>()?;
     m.add_class::<gpu_timing_py::GpuTimestamps>()?;
+    m.add_class::<spm_py::SpmVocab>()?;
+    m.add_class::<spm_py::TokenIndex>()?;
+    m.add_function(wrap_pyfunction!(gguf_py::gguf_string_array, m)?)?;
     Ok(())
 }

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
+from hyserve_kernels import gguf_string_array
 
 
 class GGUFError(ValueError):
@@ -138,24 +139,11 @@ class _Cursor:
         return values.astype(bool) if elem == GGUFValueType.BOOL else values
 
     def string_array(self, count: int) -> list[str]:
-        # Hot loop for vocabularies: local names, no per-element bounds helper.
-        buf, pos, end = self.buf, self.pos, len(self.buf)
-        unpack = struct.Struct("<Q").unpack_from
-        out: list[str] = []
-        append = out.append
+        # Vocabularies: hundreds of thousands of strings, decoded by the kernel wheel in one call
         try:
-            for _ in range(count):
-                (n,) = unpack(buf, pos)
-                pos += 8
-                if pos + n > end:
-                    raise self.fail(f"truncated file inside a string array at offset {pos}")
-                append(str(buf[pos : pos + n], "utf-8"))
-                pos += n
-        except struct.error:
-            raise self.fail(f"truncated file inside a string array at offset {pos}") from None
-        except UnicodeDecodeError:
-            raise self.fail(f"invalid UTF-8 in a string array at offset {pos}") from None
-        self.pos = pos
+            out, self.pos = gguf_string_array(np.frombuffer(self.buf, dtype=np.uint8), self.pos, count)
+        except ValueError as exc:
+            raise self.fail(str(exc)) from None
         return out
 
 

@@ -2,7 +2,8 @@
 
 - `vocabulary`: what llama.cpp's loader makes of ``tokenizer.ggml.*`` (attributes, specials, EOG);
 - `pretokenizers`: the regex lists of byte-level BPE vocabularies (``tokenizer.ggml.pre``);
-- `hf_build`: the Hugging Face `tokenizers` model that reproduces llama.cpp's merging, cached;
+- `hf_build`: the Hugging Face `tokenizers` model that reproduces llama.cpp's byte-level BPE, cached
+  (SentencePiece vocabularies encode in the kernel wheel: `hyserve_kernels.SpmVocab`);
 - `tokenizer`: `Tokenizer` (special-token partition, encode, decode) and `IncrementalDecoder`.
 """
 

@@ -1,10 +1,8 @@
-"""Building (and caching on disk) the Hugging Face `tokenizers` model that reproduces llama.cpp's.
-
-SentencePiece vocabularies (``llama``) become a ``BPE`` model with *derived merges*: every split of
-every token into two tokens, ranked by the score of the token they form (llama.cpp merges by score;
-`tokenizers` has no score-priority mode). Byte-level BPE vocabularies (``gpt2``) become a ``BPE``
-model behind ``Split(regex) + ByteLevel`` with no normalizer. Deriving the merges of a 262k
-vocabulary takes seconds, so the JSON is cached, keyed by a hash of the vocabulary.
+"""Building (and caching on disk) the Hugging Face `tokenizers` model that reproduces llama.cpp's
+byte-level BPE (``gpt2``) vocabularies: a ``BPE`` model behind ``Split(regex) + ByteLevel`` with no
+normalizer. Checking the merges of a large vocabulary costs time, so the JSON is cached, keyed by a
+hash of the vocabulary; a missing or unreadable cache file is rebuilt. (SentencePiece vocabularies
+do not come here: see `hyserve_kernels.SpmVocab`.)
 """
 
 from __future__ import annotations
@@ -14,12 +12,12 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tokenizers
+from hyserve_kernels import TokenIndex
 from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models as _hf_models
@@ -34,52 +32,7 @@ log = logging.getLogger(__name__)
 _CACHE_FORMAT = "hyserve-tokenizer-v3"
 
 
-def spm_virtual_chars(tokens: list[str], token_ids: Mapping[str, int]) -> list[str]:
-    """Characters that occur inside tokens but are not tokens themselves (sorted).
-
-    llama.cpp starts SPM merging from characters and merges any two adjacent symbols whose
-    concatenation is a token, even when a symbol is a character outside the vocabulary. `tokenizers`
-    can only merge vocabulary entries, so such characters join its vocabulary as "virtual" tokens
-    with ids after the real ones; a virtual token left in the output becomes byte tokens, as in
-    llama.cpp. Real SentencePiece vocabularies contain all their characters, so this is usually
-    empty. The plain space is left out: it never reaches the model (it becomes ``▁``).
-    """
-    chars = set("".join(tokens))
-    chars.discard(" ")
-    return sorted(c for c in chars if c not in token_ids)
-
-
-def _spm_merges(tokens: list[str], token_ids: Mapping[str, int], scores: np.ndarray) -> list[tuple[str, str]]:
-    """Every split of every token into two symbols, ranked like llama.cpp's score-priority merging.
-
-    ``token_ids`` includes the virtual characters. Rank order: the formed token's score
-    (descending), then its id, then the split position. (Only the score order matters to
-    llama.cpp; it breaks ties by text position, which fixed ranks cannot express.) Tokens
-    containing a plain space are skipped: llama.cpp turns every space into ``▁`` before merging,
-    so they can never be formed.
-    """
-    get = token_ids.get
-    formed: list[int] = []
-    lefts: list[str] = []
-    rights: list[str] = []
-    for tid, text in enumerate(tokens):
-        n = len(text)
-        if n < 2 or " " in text:
-            continue
-        for k in range(1, n):
-            left = text[:k]
-            if get(left) is not None:
-                right = text[k:]
-                if get(right) is not None:
-                    formed.append(tid)
-                    lefts.append(left)
-                    rights.append(right)
-    # records are in (token id, split position) order already; a stable sort by score keeps it
-    order = np.argsort(-scores.astype(np.float64)[np.asarray(formed, dtype=np.int64)], kind="stable").tolist()
-    return [(lefts[i], rights[i]) for i in order]
-
-
-def _bpe_merges(merges: list[str], token_ids: dict[str, int]) -> list[tuple[str, str]]:
+def _bpe_merges(merges: list[str], token_ids: TokenIndex) -> list[tuple[str, str]]:
     """GGUF merges ("left right", split at the first space after position 0) usable by `tokenizers`."""
     out: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
@@ -114,41 +67,21 @@ def _pre_tokenizer_json(spec: PreSpec) -> Any:
 
 def _tokenizer_json(vocab: Vocab) -> str:
     """The `tokenizers` JSON for the vocabulary's model (no special tokens: we split those ourselves)."""
-    if vocab.kind == "spm":
-        if vocab.scores is None:
-            raise TokenizerError("a SentencePiece vocabulary without scores")
-        n = len(vocab.tokens)
-        extended = dict(vocab.token_ids)
-        extended.update((c, n + i) for i, c in enumerate(spm_virtual_chars(vocab.tokens, vocab.token_ids)))
-        merges = _spm_merges(vocab.tokens, extended, vocab.scores)
-        unk = vocab.special["unk"]
-        model: dict[str, Any] = {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": vocab.tokens[unk] if unk is not None else None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": True,
-            "ignore_merges": False,
-        }
-        pre_tokenizer = None
-    else:
-        if vocab.merges is None or vocab.pre_spec is None:
-            raise TokenizerError("a byte-level BPE vocabulary without merges or pre-tokenizer")
-        merges = _bpe_merges(vocab.merges, vocab.token_ids)
-        model = {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": vocab.pre_spec.ignore_merges,
-        }
-        pre_tokenizer = _pre_tokenizer_json(vocab.pre_spec)
-    model["vocab"] = extended if vocab.kind == "spm" else vocab.token_ids
+    if vocab.merges is None or vocab.pre_spec is None:
+        raise TokenizerError("a byte-level BPE vocabulary without merges or pre-tokenizer")
+    merges = _bpe_merges(vocab.merges, vocab.token_ids)
+    model: dict[str, Any] = {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": vocab.pre_spec.ignore_merges,
+    }
+    pre_tokenizer = _pre_tokenizer_json(vocab.pre_spec)
+    model["vocab"] = dict(zip(vocab.tokens, range(len(vocab.tokens)), strict=True))
     # "a b" strings parse faster than pairs, but only work when no side contains a space
     if any(" " in a or " " in b for a, b in merges):
         model["merges"] = merges

@@ -6,14 +6,9 @@ Two vocabulary kinds are supported, as ``tokenizer.ggml.model`` names them:
     llama.cpp merges adjacent symbols by the *score* of the token they form (highest first, ties to
     the left), starting from UTF-8 characters, after replacing every space with ``▁``; characters
     that never became part of a token are emitted as ``<0xXX>`` byte tokens. The Hugging Face
-    ``tokenizers`` library has no score-priority mode, so we give it a ``BPE`` model with *derived
-    merges*: every split of every token into two tokens, ranked by the score of the token they
-    form (characters that occur only inside tokens join as "virtual" entries, see
-    ``spm_virtual_chars``). That reproduces llama.cpp except when two different merges with
-    equal scores compete (llama.cpp takes the leftmost one, BPE the lower rank), which real
-    vocabularies avoid by giving every normal token its own score. Deriving the merges of a 262k
-    vocabulary takes seconds, so the finished ``tokenizers`` JSON is cached on disk, keyed by a
-    hash of the vocabulary.
+    ``tokenizers`` library has no score-priority mode, so this runs in the kernel wheel
+    (``hyserve_kernels.SpmVocab``, the same algorithm, GIL released). It needs only the vocabulary's
+    text -> (id, score) map, which takes tens of milliseconds to build, so nothing is cached.
 
 ``gpt2`` (byte-level BPE, e.g. Qwen, Llama 3)
     The text is split with the regex list of ``tokenizer.ggml.pre``, each piece's UTF-8 bytes are
@@ -41,11 +36,12 @@ pass is not applied: it is lossy and llama.cpp's server streams pieces without i
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hyserve_kernels import SpmVocab
 from tokenizers import Tokenizer as _HFTokenizer
 
 from hyserve.model.tokenizer.errors import TokenizerError
@@ -65,6 +61,52 @@ __all__ = ["IncrementalDecoder", "Tokenizer"]
 
 SPACE_MARK = "\u2581"  # ▁
 
+# One piece of raw text (no special tokens) -> token ids and the character offset each starts at
+PieceEncoder = Callable[[str], tuple[list[int], list[int]]]
+
+
+def _hf_piece_encoder(hf: _HFTokenizer) -> PieceEncoder:
+    encode = hf.encode_batch  # unlike encode, it releases the GIL: other threads (streams) run meanwhile
+
+    def piece(text: str) -> tuple[list[int], list[int]]:
+        try:
+            enc = encode([text], add_special_tokens=False)[0]
+        except TypeError:
+            text.encode("utf-8")  # lone surrogates: raises UnicodeEncodeError (a ValueError)
+            raise
+        return enc.ids, [a for a, _ in enc.offsets]
+
+    return piece
+
+
+def _spm_byte_tokens(vocab: Vocab) -> list[int]:
+    """llama.cpp's SPM byte fallback per byte: ``<0xXX>``, else the one-byte token, else unknown (-1: none)."""
+    unk = vocab.special["unk"]
+    table = []
+    for byte in range(256):
+        tid = vocab.token_ids.get(f"<0x{byte:02X}>")
+        if tid is None and byte < 0x80:
+            tid = vocab.token_ids.get(chr(byte))
+        table.append((unk if unk is not None else -1) if tid is None else tid)
+    return table
+
+
+def _spm_piece_encoder(vocab: Vocab) -> PieceEncoder:
+    if vocab.scores is None:
+        raise TokenizerError("a SentencePiece vocabulary without scores")
+    scores = np.ascontiguousarray(vocab.scores, dtype=np.float32)
+    encode = SpmVocab(vocab.token_ids, scores, _spm_byte_tokens(vocab)).encode
+
+    def piece(text: str) -> tuple[list[int], list[int]]:
+        try:
+            return encode(text)
+        except UnicodeEncodeError:
+            raise  # lone surrogates (a ValueError, as for BPE)
+        except ValueError as exc:
+            raise TokenizerError(str(exc)) from exc
+
+    return piece
+
 
 class Tokenizer:
     """llama.cpp-compatible tokenizer for the vocabulary in a GGUF file. Thread-safe after creation."""
@@ -82,9 +124,9 @@ class Tokenizer:
     kind: str  # "spm" or "bpe"
     pre: str  # tokenizer.ggml.pre of a BPE vocabulary, "" for SPM
 
-    def __init__(self, vocab: Vocab, hf: _HFTokenizer) -> None:
+    def __init__(self, vocab: Vocab, encode_piece: PieceEncoder) -> None:
         self._vocab = vocab
-        self._hf = hf
+        self._encode_piece = encode_piece
         self._tokens = vocab.tokens
         self._token_ids = vocab.token_ids
         self._attrs = vocab.attrs
@@ -101,37 +143,20 @@ class Tokenizer:
         self.kind = vocab.kind
         self.pre = vocab.pre
         self._pieces: list[bytes | None] = [None] * self.vocab_size
-        # SPM virtual characters (see spm_virtual_chars) follow the real ids in the model's vocab
-        self._virtual: dict[int, list[int]] = {}
-        for vid in range(self.vocab_size, hf.get_vocab_size(with_added_tokens=False)):
-            char = hf.id_to_token(vid)
-            if char is not None:
-                self._virtual[vid] = self._byte_tokens(char.encode("utf-8"))
         self._init_specials()
-
-    def _byte_tokens(self, data: bytes) -> list[int]:
-        """llama.cpp's SPM byte fallback: ``<0xXX>`` per byte, else the one-byte token, else unknown."""
-        out = []
-        for byte in data:
-            tid = self._token_ids.get(f"<0x{byte:02X}>")
-            if tid is None:
-                tid = self._token_ids.get(chr(byte)) if byte < 0x80 else None
-            if tid is None:
-                if self.unk_id is None:
-                    raise TokenizerError(f"no token for byte 0x{byte:02X} and no unknown token")
-                tid = self.unk_id
-            out.append(tid)
-        return out
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], cache_dir: Path | None = None) -> Tokenizer:
         """Build the tokenizer for a GGUF file's metadata (key -> value, arrays as list/numpy).
 
-        The `tokenizers` model is cached as JSON under ``cache_dir`` (default
-        ``~/.cache/hyserve/tokenizers``), keyed by a hash of the vocabulary.
+        A byte-level BPE vocabulary's `tokenizers` model is cached as JSON under ``cache_dir``
+        (default ``~/.cache/hyserve/tokenizers``), keyed by a hash of the vocabulary; a
+        SentencePiece one is built directly (see the module docstring).
         """
         vocab = analyze(metadata)
-        return cls(vocab, load_or_build(vocab, cache_dir))
+        if vocab.kind == "spm":
+            return cls(vocab, _spm_piece_encoder(vocab))
+        return cls(vocab, _hf_piece_encoder(load_or_build(vocab, cache_dir)))
 
     # ---- special-token partitioning --------------------------------------------------------
 
@@ -210,7 +235,7 @@ class Tokenizer:
             offsets.append(0)
         spm = self.kind == "spm"
         prev_special = True  # SPM: a space prefix goes before the first fragment and after specials
-        encode = self._hf.encode_batch  # unlike encode, it releases the GIL: other threads (streams) run meanwhile
+        encode_piece = self._encode_piece
         for start, end, tok in self._partition(text, parse_special):
             if tok >= 0:
                 ids.append(tok)
@@ -225,40 +250,16 @@ class Tokenizer:
                     shift -= 1
                 piece = piece.replace(" ", SPACE_MARK)
             prev_special = False
-            try:
-                enc = encode([piece], add_special_tokens=False)[0]
-            except TypeError:
-                piece.encode("utf-8")  # lone surrogates: raises UnicodeEncodeError (a ValueError)
-                raise
-            piece_ids = enc.ids
-            if self._virtual and piece_ids and max(piece_ids) >= self.vocab_size:
-                self._expand_virtual(piece_ids, enc.offsets, shift, start, ids, offsets, want_offsets)
-                continue
+            piece_ids, piece_offsets = encode_piece(piece)
             ids.extend(piece_ids)
             if want_offsets:
-                offsets.extend(max(a + shift, start) for a, _ in enc.offsets)
+                offsets.extend(max(a + shift, start) for a in piece_offsets)
         if add_special and self.add_eos:
             if self.eos_id is None:
                 raise TokenizerError("the vocabulary asks for an EOS token but has none")
             ids.append(self.eos_id)
             offsets.append(len(text))
         return ids, offsets
-
-    def _expand_virtual(
-        self,
-        piece_ids: list[int],
-        piece_offsets: list[tuple[int, int]],
-        shift: int,
-        start: int,
-        ids: list[int],
-        offsets: list[int],
-        want_offsets: bool,
-    ) -> None:
-        for tid, (a, _) in zip(piece_ids, piece_offsets, strict=True):
-            expanded = self._virtual.get(tid, [tid])
-            ids.extend(expanded)
-            if want_offsets:
-                offsets.extend([max(a + shift, start)] * len(expanded))
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids for ``text``, identical to llama.cpp's ``llama_tokenize``.
