@@ -73,8 +73,11 @@ pub unsafe fn vec_dot_rows<const R: usize>(
         (GgmlType::BF16, Activations::BF16 { data, n }) => {
             std::array::from_fn(|i| dot_bf16(w, &data[(r0 + i) * n..(r0 + i + 1) * n]))
         }
-        (GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
+        (GgmlType::Q8_0, Activations::Q8_0 { .. }) if R == 1 => {
             dot_q8_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
+        }
+        (GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
+            dot_q8_0_rows::<R>(w, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
         }
         (GgmlType::Q4_0, Activations::Q8_0 { .. }) => {
             dot_q4_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
@@ -228,7 +231,15 @@ macro_rules! dot_vs_q8_0 {
                     }
                 }
             }
-            std::array::from_fn(|w| std::array::from_fn(|r| hsum_ps(acc[w][r])))
+            // Plain loops: a closure here (not always inlined) took `acc` by reference, which
+            // kept the accumulators in memory with a store per row and block.
+            let mut out = [[0.0f32; R]; W];
+            for w in 0..W {
+                for r in 0..R {
+                    out[w][r] = hsum_ps(acc[w][r]);
+                }
+            }
+            out
         }
     };
 }
@@ -243,6 +254,15 @@ dot_vs_q8_0!(dot_q5_0, 22, |b| _mm256_or_si256(
     nibbles32(b.add(6)),
     _mm256_andnot_si256(bits32(read_u32(b.add(2))), _mm256_set1_epi8(0xF0u8 as i8))
 ));
+
+/// `dot_q8_0` for one weight row and R > 1 activation rows as a function of its own: inlined into
+/// `vec_dot_rows`' large match, LLVM kept the R accumulators on the stack (a store per row and
+/// block, ~25% of a row's cost).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8_0]; R]) -> [f32; R] {
+    dot_q8_0::<1, R>([w], ys)[0]
+}
 
 macro_rules! dot_vs_q8_1 {
     ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
@@ -426,7 +446,7 @@ unsafe fn dot_q45k<const HIGH: bool, const W: usize, const R: usize>(
 /// ones, without a scalar-to-vector move per row), the mins use the activations' precomputed
 /// sub-block sums (`psums`, equal to the `hadd` of `bsums`), and the accumulators never leave the
 /// function (no spill per block for a closure to read).
-#[inline]
+#[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
     let bytes = if HIGH { 176 } else { 144 };
@@ -505,7 +525,7 @@ unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(w: &[u8], ys: [&[Block
 /// Q6_K, one weight row against R activation rows (the decode path): `dot_q6k`'s operations per
 /// output, with each row's scale product as a vector product of two broadcasts and the
 /// accumulators kept in the function (see `dot_q45k_rows`).
-#[inline]
+#[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6k_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
     let nb = ys[0].len();
