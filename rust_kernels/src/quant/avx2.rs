@@ -448,7 +448,10 @@ unsafe fn dot_q45k<const HIGH: bool, const W: usize, const R: usize>(
 /// function (no spill per block for a closure to read).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
+unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(
+    w: &[u8],
+    ys: [&[BlockQ8K]; R],
+) -> [f32; R] {
     let bytes = if HIGH { 176 } else { 144 };
     let qs_at = if HIGH { 48 } else { 16 };
     let nb = ys[0].len();
@@ -466,15 +469,12 @@ unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(w: &[u8], ys: [&[Block
         let dminw = _mm_set1_ps(f16_at(w, i * bytes + 2));
         for r in 0..R {
             let yb = ys[r].get_unchecked(i);
-            let prod = _mm_madd_epi16(
-                mins8,
-                _mm_loadu_si128(yb.psums.as_ptr() as *const __m128i),
-            );
+            let prod = _mm_madd_epi16(mins8, _mm_loadu_si128(yb.psums.as_ptr() as *const __m128i));
             let neg_dmin = _mm_mul_ps(_mm_xor_ps(_mm_broadcast_ss(&yb.d), sign), dminw);
             if HIGH {
                 let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, prod), prod);
-                mins1[r] = _mm_cvtss_f32(neg_dmin)
-                    .mul_add(_mm_cvtsi128_si32(total) as f32, mins1[r]);
+                mins1[r] =
+                    _mm_cvtss_f32(neg_dmin).mul_add(_mm_cvtsi128_si32(total) as f32, mins1[r]);
             } else {
                 mins4[r] = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(prod), mins4[r]);
             }
