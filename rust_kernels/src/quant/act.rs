@@ -172,6 +172,7 @@ pub fn quantize_q8k_scalar(x: &[f32]) -> BlockQ8K {
         d: 0.0,
         qs: [0; 256],
         bsums: [0; 16],
+        psums: [0; 8],
     };
     if amax == 0.0 {
         return b;
@@ -183,6 +184,7 @@ pub fn quantize_q8k_scalar(x: &[f32]) -> BlockQ8K {
     for (k, s) in b.bsums.iter_mut().enumerate() {
         *s = b.qs[16 * k..16 * k + 16].iter().map(|&q| q as i16).sum();
     }
+    b.psums = std::array::from_fn(|k| b.bsums[2 * k] + b.bsums[2 * k + 1]);
     b.d = 1.0 / iscale;
     b
 }

@@ -97,6 +97,7 @@ pub unsafe fn quantize_q8k(x: &[f32]) -> Option<BlockQ8K> {
         d: 1.0 / iscale,
         qs: [0; 256],
         bsums: [0; 16],
+        psums: [0; 8],
     };
     for g in 0..8 {
         let v: [__m256; 4] = std::array::from_fn(|k| {
@@ -110,5 +111,6 @@ pub unsafe fn quantize_q8k(x: &[f32]) -> Option<BlockQ8K> {
     for (k, s) in b.bsums.iter_mut().enumerate() {
         *s = b.qs[16 * k..16 * k + 16].iter().map(|&q| q as i16).sum();
     }
+    b.psums = std::array::from_fn(|k| b.bsums[2 * k] + b.bsums[2 * k + 1]);
     Some(b)
 }

@@ -73,8 +73,11 @@ pub unsafe fn vec_dot_rows<const R: usize>(
         (GgmlType::BF16, Activations::BF16 { data, n }) => {
             std::array::from_fn(|i| dot_bf16(w, &data[(r0 + i) * n..(r0 + i + 1) * n]))
         }
-        (GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
+        (GgmlType::Q8_0, Activations::Q8_0 { .. }) if R == 1 => {
             dot_q8_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
+        }
+        (GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
+            dot_q8_0_rows::<R>(w, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
         }
         (GgmlType::Q4_0, Activations::Q8_0 { .. }) => {
             dot_q4_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
@@ -88,14 +91,25 @@ pub unsafe fn vec_dot_rows<const R: usize>(
         (GgmlType::Q5_1, Activations::Q8_1 { .. }) => {
             dot_q5_1::<R>(w, std::array::from_fn(|i| acts.q8_1_row(r0 + i)))
         }
-        (GgmlType::Q4K, Activations::Q8K { .. }) => {
+        // One row keeps the tile kernels' code; several rows take the kernels that do each row's
+        // scale work as vector products and read the precomputed sub-block sums.
+        (GgmlType::Q4K, Activations::Q8K { .. }) if R == 1 => {
             dot_q45k::<false, 1, R>([w], std::array::from_fn(|i| acts.q8k_row(r0 + i)))[0]
         }
-        (GgmlType::Q5K, Activations::Q8K { .. }) => {
+        (GgmlType::Q5K, Activations::Q8K { .. }) if R == 1 => {
             dot_q45k::<true, 1, R>([w], std::array::from_fn(|i| acts.q8k_row(r0 + i)))[0]
         }
-        (GgmlType::Q6K, Activations::Q8K { .. }) => {
+        (GgmlType::Q6K, Activations::Q8K { .. }) if R == 1 => {
             dot_q6k::<1, R>([w], std::array::from_fn(|i| acts.q8k_row(r0 + i)))[0]
+        }
+        (GgmlType::Q4K, Activations::Q8K { .. }) => {
+            dot_q45k_rows::<false, R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+        }
+        (GgmlType::Q5K, Activations::Q8K { .. }) => {
+            dot_q45k_rows::<true, R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
+        }
+        (GgmlType::Q6K, Activations::Q8K { .. }) => {
+            dot_q6k_rows::<R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
         }
         _ => panic!("activation format does not match weight type {t:?}"),
     }
@@ -217,7 +231,15 @@ macro_rules! dot_vs_q8_0 {
                     }
                 }
             }
-            std::array::from_fn(|w| std::array::from_fn(|r| hsum_ps(acc[w][r])))
+            // Plain loops: a closure here (not always inlined) took `acc` by reference, which
+            // kept the accumulators in memory with a store per row and block.
+            let mut out = [[0.0f32; R]; W];
+            for w in 0..W {
+                for r in 0..R {
+                    out[w][r] = hsum_ps(acc[w][r]);
+                }
+            }
+            out
         }
     };
 }
@@ -232,6 +254,15 @@ dot_vs_q8_0!(dot_q5_0, 22, |b| _mm256_or_si256(
     nibbles32(b.add(6)),
     _mm256_andnot_si256(bits32(read_u32(b.add(2))), _mm256_set1_epi8(0xF0u8 as i8))
 ));
+
+/// `dot_q8_0` for one weight row and R > 1 activation rows as a function of its own: inlined into
+/// `vec_dot_rows`' large match, LLVM kept the R accumulators on the stack (a store per row and
+/// block, ~25% of a row's cost).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8_0]; R]) -> [f32; R] {
+    dot_q8_0::<1, R>([w], ys)[0]
+}
 
 macro_rules! dot_vs_q8_1 {
     ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
@@ -407,6 +438,161 @@ unsafe fn dot_q45k<const HIGH: bool, const W: usize, const R: usize>(
                 }
         })
     })
+}
+
+/// Q4_K/Q5_K, one weight row against R activation rows (the decode path): the same operations as
+/// `dot_q45k` per output, reorganised for several rows. Each row's scale products (`dw * yd`,
+/// `-yd * dminw`) are vector products of two broadcasts (the same IEEE products as the scalar
+/// ones, without a scalar-to-vector move per row), the mins use the activations' precomputed
+/// sub-block sums (`psums`, equal to the `hadd` of `bsums`), and the accumulators never leave the
+/// function (no spill per block for a closure to read).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(
+    w: &[u8],
+    ys: [&[BlockQ8K]; R],
+) -> [f32; R] {
+    let bytes = if HIGH { 176 } else { 144 };
+    let qs_at = if HIGH { 48 } else { 16 };
+    let nb = ys[0].len();
+    assert!(w.len() >= nb * bytes && ys.iter().all(|y| y.len() == nb));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let sign = _mm_set1_ps(-0.0);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut mins4 = [_mm_setzero_ps(); R];
+    let mut mins1 = [0.0f32; R];
+    for i in 0..nb {
+        let bp = w.as_ptr().add(i * bytes);
+        let sm = q45k_scales_mins(bp.add(4));
+        let scales = _mm256_permute2x128_si256::<0x00>(sm, sm);
+        let mins8 = _mm256_extracti128_si256::<1>(sm);
+        let dminw = _mm_set1_ps(f16_at(w, i * bytes + 2));
+        for r in 0..R {
+            let yb = ys[r].get_unchecked(i);
+            let prod = _mm_madd_epi16(mins8, _mm_loadu_si128(yb.psums.as_ptr() as *const __m128i));
+            let neg_dmin = _mm_mul_ps(_mm_xor_ps(_mm_broadcast_ss(&yb.d), sign), dminw);
+            if HIGH {
+                let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, prod), prod);
+                mins1[r] =
+                    _mm_cvtss_f32(neg_dmin).mul_add(_mm_cvtsi128_si32(total) as f32, mins1[r]);
+            } else {
+                mins4[r] = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(prod), mins4[r]);
+            }
+        }
+        let qh = if HIGH {
+            load(bp.add(16))
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for c in 0..4 {
+            let raw = load(bp.add(qs_at + 32 * c));
+            let mut lo = _mm256_and_si256(raw, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+            if HIGH {
+                lo = _mm256_or_si256(lo, bit_to_4(qh, 2 * c));
+                hi = _mm256_or_si256(hi, bit_to_4(qh, 2 * c + 1));
+            }
+            let s_lo = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c));
+            let s_hi = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c + 1));
+            for r in 0..R {
+                let y = (ys[r].get_unchecked(i).qs.as_ptr() as *const u8).add(64 * c);
+                let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load(y)), s_lo);
+                let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load(y.add(32))), s_hi);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(plo, phi));
+            }
+        }
+        let dw = _mm256_set1_ps(f16_at(w, i * bytes));
+        for r in 0..R {
+            let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        let mut m = [0.0f32; 4];
+        _mm_storeu_ps(m.as_mut_ptr(), mins4[r]);
+        out[r] = hsum_ps(acc[r])
+            + if HIGH {
+                mins1[r]
+            } else {
+                (m[0] + m[2]) + (m[1] + m[3])
+            };
+    }
+    out
+}
+
+/// Q6_K, one weight row against R activation rows (the decode path): `dot_q6k`'s operations per
+/// output, with each row's scale product as a vector product of two broadcasts and the
+/// accumulators kept in the function (see `dot_q45k_rows`).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6k_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
+    let nb = ys[0].len();
+    assert!(w.len() >= nb * 210 && ys.iter().all(|y| y.len() == nb));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(0x03);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for i in 0..nb {
+        let bp = w.as_ptr().add(i * 210);
+        let sc8 = _mm_loadu_si128(bp.add(192) as *const __m128i);
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let mut sumi: [__m256i; R] = std::array::from_fn(|r| {
+            let bs = load(ys[r].get_unchecked(i).bsums.as_ptr() as *const u8);
+            _mm256_sub_epi32(
+                _mm256_setzero_si256(),
+                _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs)),
+            )
+        });
+        for n in 0..2 {
+            let a = load(bp.add(64 * n));
+            let c = load(bp.add(64 * n + 32));
+            let h = load(bp.add(128 + 32 * n));
+            let quads = [
+                _mm256_or_si256(
+                    _mm256_and_si256(a, m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(c, m4),
+                    _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<2>(m3))),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
+                    _mm256_and_si256(h, _mm256_slli_epi16::<4>(m3)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4),
+                    _mm256_srli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<6>(m3))),
+                ),
+            ];
+            for (j, q) in quads.iter().enumerate() {
+                let k = 8 * n + 2 * j;
+                let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                    sc8,
+                    _mm_set_epi64x(
+                        (0x0101_0101_0101_0101u64 * (k as u64 + 1)) as i64,
+                        (0x0101_0101_0101_0101u64 * k as u64) as i64,
+                    ),
+                ));
+                for r in 0..R {
+                    let y = (ys[r].get_unchecked(i).qs.as_ptr() as *const u8).add(128 * n + 32 * j);
+                    let p = _mm256_maddubs_epi16(*q, load(y));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sv));
+                }
+            }
+        }
+        let dw = _mm256_set1_ps(f16_at(w, i * 210 + 208));
+        for r in 0..R {
+            let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+    out
 }
 
 /// Q6_K, W weight rows against R activation rows (each output keeps the one-row operation order).

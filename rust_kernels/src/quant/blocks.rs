@@ -23,4 +23,7 @@ pub struct BlockQ8K {
     pub d: f32,
     pub qs: [i8; 256],
     pub bsums: [i16; 16],
+    /// Sums of the 32-element sub-blocks (`bsums[2k] + bsums[2k+1]`), which the multi-row Q4_K/Q5_K
+    /// kernels would otherwise recompute for every weight row.
+    pub psums: [i16; 8],
 }
