@@ -110,12 +110,11 @@ def test_rms_norm_over_rows_and_heads(gpu_device) -> None:
 
 
 def assert_norm_bits(dev, gpu: np.ndarray, cpu: np.ndarray) -> None:
-    """The norm's sum is exact on every adapter; its 1/sqrt is IEEE-rounded on software adapters
-    (as on the CPU), within a few ulps on hardware ones (what Vulkan guarantees)."""
-    if dev.is_software:
-        np.testing.assert_array_equal(gpu, cpu)
-    else:
-        np.testing.assert_allclose(gpu, cpu, rtol=4e-7, atol=0)
+    """The norm's sum, 1/sqrt and products round as the CPU's on every adapter (math.wgsl's
+    div_rn/sqrt_rn: hardware `/` and `sqrt` may be ulps off); only a subnormal result may be
+    flushed to zero, which WGSL allows and real GPUs do (an H100 did)."""
+    flushed = (gpu == 0) & (np.abs(cpu) < np.finfo(np.float32).tiny) & (not dev.is_software)
+    np.testing.assert_array_equal(np.where(flushed, 0.0, gpu), np.where(flushed, 0.0, cpu))
 
 
 def test_rms_norm_sums_exactly_over_wide_ranges(gpu_device) -> None:

@@ -12,7 +12,7 @@ use Access::{Read, ReadWrite, Uniform};
 
 static QUANTIZE_ACT: Kernel = Kernel {
     name: "quantize_act",
-    sources: &[include_str!("shaders/quantize_act.wgsl")],
+    sources: &[MATH, include_str!("shaders/quantize_act.wgsl")],
     entry: "main",
     bindings: &[
         (0, Read),

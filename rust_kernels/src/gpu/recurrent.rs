@@ -78,25 +78,25 @@ const MISC_BINDINGS: &[(u32, Access)] = &[
 ];
 static GATES: Kernel = Kernel {
     name: "gdn_gates",
-    sources: &[MISC],
+    sources: &[MATH, MISC],
     entry: "gates",
     bindings: MISC_BINDINGS,
 };
 static SIGMOID_MUL: Kernel = Kernel {
     name: "sigmoid_mul",
-    sources: &[MISC],
+    sources: &[MATH, MISC],
     entry: "sigmoid_mul",
     bindings: MISC_BINDINGS,
 };
 static MUL_ROW: Kernel = Kernel {
     name: "mul_row",
-    sources: &[MISC],
+    sources: &[MATH, MISC],
     entry: "mul_row",
     bindings: MISC_BINDINGS,
 };
 static L2_NORM: Kernel = Kernel {
     name: "l2_norm",
-    sources: &[MISC],
+    sources: &[MATH, MISC],
     entry: "l2_norm",
     bindings: MISC_BINDINGS,
 };

@@ -46,8 +46,8 @@ fn store(@builtin(global_invocation_id) g: vec3<u32>) {
     let j = idx % pairs;
     let src = (p.row0 + r) * pairs * 2u + 2u * j;
     let dst = (p.start + r) * pairs + j;
-    kc[dst] = pack2x16float(vec2<f32>(q[src], q[src + 1u]));
-    vc[dst] = pack2x16float(vec2<f32>(vnew[src], vnew[src + 1u]));
+    kc[dst] = pack_f16x2(q[src], q[src + 1u]);
+    vc[dst] = pack_f16x2(vnew[src], vnew[src + 1u]);
 }
 
 fn reduce_max(lid: u32, v: f32) -> f32 {
@@ -129,7 +129,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         for (var g = g_first; g <= g_last; g++) {
             sum += group_sums[(r * p.n_head + h) * (p.n_ctx / 8u + 1u) + g];
         }
-        red[0] = 1.0 / sum;
+        red[0] = div_rn(1.0, sum);
     }
     workgroupBarrier();
     let inv = red[0];

@@ -55,7 +55,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         s = s + bias[c];
     }
     if p.silu != 0u {
-        s = s / (1.0 + expf_ggml(-s));
+        s = div_rn(s, 1.0 + expf_ggml(-s));
     }
     out[idx] = s;
 }

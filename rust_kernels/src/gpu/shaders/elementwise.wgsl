@@ -29,11 +29,11 @@ fn gelu(x: f32) -> f32 {
     if x >= 10.0 {
         return x;
     }
-    return gelu_table[pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu];
+    return gelu_table[f16_bits(x)];
 }
 
 fn silu(x: f32) -> f32 {
-    return x / (1.0 + expf_ggml(-x));
+    return div_rn(x, 1.0 + expf_ggml(-x));
 }
 
 @compute @workgroup_size(64)
@@ -49,7 +49,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         case 3u: { dst[i] = dst[i] + a[i % p.m]; }
         case 4u: { dst[i] = gelu(a[i]) * b[i]; }
         case 5u: { dst[i] = silu(a[i]) * b[i]; }
-        case 6u: { dst[i] = p.s * tanh(dst[i] / p.s); }
+        case 6u: { dst[i] = p.s * tanh(div_rn(dst[i], p.s)); }
         case 7u: { dst[i] = silu(dst[i]); }
         default: {}
     }

@@ -176,8 +176,126 @@ fn fma_exact(a: f32, b: f32, c: f32) -> f32 {
     return fma_soft(a, b, c);
 }
 
+// ---- Correctly rounded division, square root and f32 -> f16 conversion, in integers -----------
+// WGSL lets `/` be 2.5 ulp off and `sqrt` a few ulp, and leaves the rounding of f32 -> f16
+// conversions to the implementation; software rasterisers round correctly, real GPUs use the
+// freedom (an NVIDIA H100 under Vulkan: approximate quotients, f16 packing towards zero, which
+// moved activation quantization and the f16 KV cache off the CPU's results). The CPU kernels
+// round each of these to nearest even, so these helpers do too, on any adapter.
+
+fn finite_nonzero(v: f32) -> bool {
+    let a = bitcast<u32>(v) & 0x7fffffffu;
+    return a != 0u && a < 0x7f800000u;
+}
+
+// |v| = mant * 2^exp with mant in [2^23, 2^24), subnormals normalised; v finite and nonzero
+fn unpack_normalised(v: f32) -> Unpacked {
+    var u = unpack_f32(v);
+    let shift = countLeadingZeros(u.mant) - 8u;
+    u.mant = u.mant << shift;
+    u.exp -= i32(shift);
+    return u;
+}
+
+// a / b rounded to nearest even (zeros, infinities and NaN: WGSL's `/`, exact for those)
+fn div_rn(a: f32, b: f32) -> f32 {
+    if !finite_nonzero(a) || !finite_nonzero(b) {
+        return a / b;
+    }
+    let x = unpack_normalised(a);
+    let y = unpack_normalised(b);
+    var r = x.mant;
+    var e = x.exp - y.exp;
+    if r < y.mant {
+        r = r << 1u;
+        e -= 1;
+    }
+    // 26 bits of the mantissas' quotient (in [1, 2)) by long division, then a sticky bit
+    var q = 0u;
+    for (var i = 0u; i < 26u; i++) {
+        q = q << 1u;
+        if r >= y.mant {
+            r -= y.mant;
+            q |= 1u;
+        }
+        r = r << 1u;
+    }
+    q = (q << 1u) | select(0u, 1u, r != 0u);
+    return round_to_f32(vec2<u32>(0u, q), e - 26, x.neg != y.neg);
+}
+
+// sqrt(v) rounded to nearest even (v <= 0, infinities and NaN: WGSL's `sqrt`)
+fn sqrt_rn(v: f32) -> f32 {
+    if !(v > 0.0) || !finite_nonzero(v) {
+        return sqrt(v);
+    }
+    let x = unpack_normalised(v);
+    var m = vec2<u32>(0u, x.mant);
+    var e = x.exp;
+    if (e & 1) != 0 {
+        m = u64_shl(m, 1u);
+        e -= 1;
+    }
+    // digit-by-digit square root of n = m * 2^26 (< 2^51): 26 root bits (>= 25 significant)
+    let n = u64_shl(m, 26u);
+    var rem = 0u;
+    var root = 0u;
+    for (var i = 0u; i < 26u; i++) {
+        rem = (rem << 2u) | (u64_shr(n, 50u - 2u * i).y & 3u);
+        let trial = (root << 2u) | 1u;
+        root = root << 1u;
+        if rem >= trial {
+            rem -= trial;
+            root |= 1u;
+        }
+    }
+    let s = (root << 1u) | select(0u, 1u, rem != 0u);
+    return round_to_f32(vec2<u32>(0u, s), (e - 26) / 2 - 1, false);
+}
+
+// The bits of the f16 nearest to v (ties to even, overflow to infinity, f16 subnormals kept)
+fn f16_bits(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if a > 0x7f800000u {
+        return sign | 0x7e00u | ((a >> 13u) & 0x3ffu);  // NaN stays NaN
+    }
+    if a >= 0x477ff000u {
+        return sign | 0x7c00u;  // >= 65520 (infinity included) rounds to infinity
+    }
+    if a >= 0x38800000u {
+        // normal f16: rebias the exponent (127 - 15), round 13 mantissa bits away
+        let r = a - 0x38000000u;
+        let low = r & 0x1fffu;
+        var h = r >> 13u;
+        if low > 0x1000u || (low == 0x1000u && (h & 1u) == 1u) {
+            h += 1u;
+        }
+        return sign | h;
+    }
+    // f16 subnormal or zero: units of 2^-24
+    let e = a >> 23u;
+    let shift = 126u - e;
+    if e == 0u || shift >= 26u {
+        return sign;
+    }
+    let m = (a & 0x7fffffu) | 0x800000u;
+    var q = m >> shift;
+    let rem = m & ((1u << shift) - 1u);
+    let half = 1u << (shift - 1u);
+    if rem > half || (rem == half && (q & 1u) == 1u) {
+        q += 1u;
+    }
+    return sign | q;
+}
+
+fn pack_f16x2(a: f32, b: f32) -> u32 {
+    return f16_bits(a) | (f16_bits(b) << 16u);
+}
+
 fn to_f16(v: f32) -> f32 {
-    return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+    return unpack2x16float(f16_bits(v)).x;
 }
 
 // ggml's vectorised expf (ggml_v_expf), the one the CPU softmax and SiLU use: same constants,

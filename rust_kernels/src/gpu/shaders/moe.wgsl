@@ -7,7 +7,7 @@
 //   combine: the weighted sum of each row's expert outputs in slot order, plus the shared expert.
 // The CPU sums in f64 in two places (the softmax's sum, the renormalisation's sum); WGSL has no
 // f64, so those sums are done in an integer emulation of f64 (non-negative values only), rounded
-// as the CPU rounds them; divisions are exact the same way (div_rn). Needs math.wgsl.
+// as the CPU rounds them; divisions are exact too (math.wgsl's div_rn). Needs math.wgsl.
 
 const MAX_EXPERTS: u32 = 512u;
 const TILE: u32 = 8u;
@@ -215,28 +215,6 @@ fn recip_f32(a: F64) -> f32 {
     }
     let f = normalize(q, -108 - a.e, r.x != 0u || r.y != 0u);
     return f32_of(f);
-}
-
-// a / b for a, b > 0, correctly rounded as the CPU's f32 division: the mantissas' quotient by
-// long division, rounded to 53 bits, then to 24 (innocuous for a quotient of two f32). WGSL's `/`
-// may be 2.5 ulp off, and fma-based corrections need a fused fma that not every adapter has.
-fn div_rn(a: f32, b: f32) -> f32 {
-    if a == 0.0 || !(b < 1e30) || !(b > 1e-30) {
-        return a / b;
-    }
-    let x = f64_of(a);
-    let y = f64_of(b);
-    var r = x.m;
-    var q = vec2<u32>(0u);
-    for (var i = 0u; i < 56u; i++) {
-        q = shl64(q, 1u);
-        if ge64(r, y.m) {
-            r = sub64(r, y.m);
-            q.x |= 1u;
-        }
-        r = shl64(r, 1u);
-    }
-    return f32_of(normalize(q, x.e - y.e - 55, r.x != 0u || r.y != 0u));
 }
 
 // ---- ggml's argsort: libstdc++'s std::sort (introsort) step for step (moe.rs argsort_desc) --------

@@ -4,7 +4,8 @@
 //   3 Q8_0 (legacy formats)        4 Q8_1 (Q4_1, Q5_1)         5 Q8_K (K-quants, 256-blocks)
 // Output per 32-value sub-block: xq = the quants (or rounded values), xd = their scale,
 // xs = Q8_1: f16(d * sum(q)); Q8_K: the sum of the first 16 quants, xh: of the last 16.
-// One invocation per (row, block of 32, or of 256 for Q8_K).
+// One invocation per (row, block of 32, or of 256 for Q8_K). Needs math.wgsl (exact quotients
+// and f16 rounding on every adapter).
 
 override ACT: u32 = 0u;
 
@@ -21,10 +22,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> xs: array<f32>;  // n x n_sub
 @group(0) @binding(4) var<storage, read_write> xh: array<f32>;  // n x n_sub
 @group(0) @binding(5) var<uniform> p: Params;
-
-fn to_f16(v: f32) -> f32 {
-    return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
-}
 
 fn to_bf16(v: f32) -> f32 {
     // round to nearest even on the upper 16 bits
@@ -77,8 +74,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         var iscale = 0.0;
         var d = 0.0;
         if amax != 0.0 {
-            iscale = -127.0 / mx;
-            d = 1.0 / iscale;
+            iscale = div_rn(-127.0, mx);
+            d = div_rn(1.0, iscale);
         }
         for (var k = 0u; k < n_sub; k++) {
             var sums = vec2<f32>(0.0);
@@ -98,8 +95,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     for (var i = 0u; i < 32u; i++) {
         amax = max(amax, abs(value(row, 32u * s0 + i)));
     }
-    let d = amax / 127.0;
-    let id = select(0.0, 127.0 / amax, amax != 0.0);
+    let d = div_rn(amax, 127.0);
+    let id = select(0.0, div_rn(127.0, amax), amax != 0.0);
     var sum = 0.0;
     for (var i = 0u; i < 32u; i++) {
         let q = round(value(row, 32u * s0 + i) * id);

@@ -21,7 +21,7 @@ struct Params {
 @group(0) @binding(6) var<uniform> p: Params;
 
 fn sigmoid(v: f32) -> f32 {
-    return 1.0 / (1.0 + exp(-v));
+    return div_rn(1.0, 1.0 + exp(-v));
 }
 
 fn index(g: vec3<u32>) -> u32 {
@@ -73,7 +73,7 @@ fn l2_norm(@builtin(global_invocation_id) g: vec3<u32>) {
         let sq = v * v;
         sum = sum + sq;
     }
-    let scale = 1.0 / max(sqrt(sum), p.eps);
+    let scale = div_rn(1.0, max(sqrt_rn(sum), p.eps));
     for (var i = 0u; i < p.m; i++) {
         dst[r * p.m + i] = a[r * p.m + i] * scale;
     }
