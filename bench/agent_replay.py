@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from cache_ledger import Ledger
 from fixtures.make_models import CHAT_TEMPLATE
+from report import publish
 from server_process import running_server
 
 from hyserve.logging_setup import configure_logging
@@ -327,9 +328,7 @@ def main() -> None:
         },
         "turns": rows,
     }
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    draw(result, args.out / f"{args.name}.png")
-    print(json.dumps({k: v for k, v in result.items() if k != "turns"}, indent=2))
+    publish(result, args.out, args.name, draw, shown={k: v for k, v in result.items() if k != "turns"})
 
 
 if __name__ == "__main__":

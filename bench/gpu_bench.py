@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+from report import publish
 
 from hyserve.logging_setup import configure_logging
 
@@ -333,10 +334,7 @@ def main() -> None:
         if other is not None:
             result[key]["llama_cpp_same_device"] = other
             result[key]["hyserve_over_llama_cpp"] = side_by_side(result[key], other)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    draw(result, args.out / f"{args.name}.png")
-    print(json.dumps(result, indent=2))
+    publish(result, args.out, args.name, draw)
 
 
 if __name__ == "__main__":

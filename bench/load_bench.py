@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from report import publish
 
 from hyserve.logging_setup import configure_logging
 
@@ -167,10 +168,7 @@ def main() -> None:
         "ratio_median": statistics.median(times["llama_cpp"]) / statistics.median(times["hyserve"]),
         "paired_ratio": {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs)},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    draw(result, args.out / f"{args.name}.png")
-    print(json.dumps(result, indent=2))
+    publish(result, args.out, args.name, draw)
 
 
 if __name__ == "__main__":

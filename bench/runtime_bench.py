@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import platform
 import statistics
 import time
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from report import publish
 
 from hyserve.logging_setup import configure_logging
 
@@ -214,10 +214,7 @@ def main() -> None:
             "gen_tok_s": statistics.median(a / b for a, b in zip(llama_side.tg_all, ours_side.tg_all)),
         },
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    draw(result, args.out / f"{args.name}.png")
-    print(json.dumps(result, indent=2))
+    publish(result, args.out, args.name, draw)
 
 
 if __name__ == "__main__":

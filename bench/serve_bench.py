@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import sys
 import threading
@@ -26,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from report import publish
 from server_process import running_server
 
 from hyserve.logging_setup import configure_logging
@@ -210,9 +210,7 @@ def main() -> None:
         **overhead,
         "speedup_vs_one_client": {r["clients"]: r["aggregate_tok_s"] / one["aggregate_tok_s"] for r in rows},
     }
-    (args.out / "serve_gemma3_270m.json").write_text(json.dumps(result, indent=2) + "\n")
-    draw(result, args.out / "serve_gemma3_270m.png")
-    print(json.dumps(result, indent=2))
+    publish(result, args.out, "serve_gemma3_270m", draw)
 
 
 if __name__ == "__main__":
