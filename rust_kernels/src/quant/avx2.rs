@@ -188,6 +188,31 @@ unsafe fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
 }
 
+/// The four 32-quant groups of a Q6_K half-block as unsigned 6-bit values: low nibbles from `a`
+/// and `c` (32 bytes each), the high 2-bit planes from `h`; `m4` = 0x0f bytes, `m3` = 0x03 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_quads(a: __m256i, c: __m256i, h: __m256i, m4: __m256i, m3: __m256i) -> [__m256i; 4] {
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(a, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(c, m4),
+            _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<2>(m3))),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
+            _mm256_and_si256(h, _mm256_slli_epi16::<4>(m3)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4),
+            _mm256_srli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<6>(m3))),
+        ),
+    ]
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load(p: *const u8) -> __m256i {
@@ -548,24 +573,7 @@ unsafe fn dot_q6k_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; 
             let a = load(bp.add(64 * n));
             let c = load(bp.add(64 * n + 32));
             let h = load(bp.add(128 + 32 * n));
-            let quads = [
-                _mm256_or_si256(
-                    _mm256_and_si256(a, m4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(c, m4),
-                    _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<2>(m3))),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
-                    _mm256_and_si256(h, _mm256_slli_epi16::<4>(m3)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4),
-                    _mm256_srli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<6>(m3))),
-                ),
-            ];
+            let quads = q6k_quads(a, c, h, m4, m3);
             for (j, q) in quads.iter().enumerate() {
                 let k = 8 * n + 2 * j;
                 let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
@@ -633,24 +641,7 @@ unsafe fn dot_q6k<const W: usize, const R: usize>(
                 let a = load(bp[w].add(64 * n));
                 let c = load(bp[w].add(64 * n + 32));
                 let h = load(bp[w].add(128 + 32 * n));
-                let quads = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(a, m4),
-                        _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(c, m4),
-                        _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<2>(m3))),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
-                        _mm256_and_si256(h, _mm256_slli_epi16::<4>(m3)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4),
-                        _mm256_srli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<6>(m3))),
-                    ),
-                ];
+                let quads = q6k_quads(a, c, h, m4, m3);
                 for (j, q) in quads.iter().enumerate() {
                     let k = 8 * n + 2 * j;
                     // Low 128 bits: scale k (elements 0..16 of the 32), high: scale k+1.
