@@ -200,6 +200,23 @@ def test_attention_over_a_device_cache(gpu_device, n_head: int, n_kv: int, windo
     np.testing.assert_array_equal(v_back, vb)
 
 
+@pytest.mark.parametrize("window", [0, 37])
+def test_attention_gives_the_cpu_bits_over_many_keys(gpu_device, window: int) -> None:
+    """Past 8 keys the softmax sum has several groups of 8, which the CPU adds in f64 (emulated
+    exactly on the device): an f32 sum missed by an ulp on some rows (llama Q4_K_M's top-1)."""
+    dev, hd, n, n_head, n_kv = gpu_device, 64, 150, 4, 2
+    rng = np.random.default_rng(16)
+    q, k, v = (rng.standard_normal((n, h * hd)).astype(np.float32) for h in (n_head, n_kv, n_kv))
+    pos = np.arange(n, dtype=np.int32)
+    cache = dev.kv_cache(n, n_kv, hd)
+    out = dev.empty([n, n_head * hd])
+    dev.attention(cache, dev.tensor(q), dev.tensor(k), dev.tensor(v), dev.ids(pos), out, 0, n, 0,
+                  n_head, window, 0.125)  # fmt: skip
+    kb, vb = (t.reshape(n, n_kv, hd).astype(np.float16).view(np.uint16) for t in (k, v))
+    cpu = hk.attention(q.reshape(n, n_head, hd), kb, vb, pos, window, 0.125).reshape(n, -1)
+    np.testing.assert_array_equal(dev.to_host(out), cpu)
+
+
 def test_kv_cache_host_and_device_copies(gpu_device) -> None:
     dev = gpu_device
     bits = np.random.default_rng(7).integers(0, 0x7BFF, size=(2, 10, 2, 8), dtype=np.uint16)
