@@ -26,6 +26,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,13 +55,14 @@ def prompts(tokenize: Callable[[str], list[int]], k: int) -> list[list[int]]:
 class HyserveSide:
     name = "hyserve"
 
-    def __init__(self, model_arg: str, threads: int) -> None:
+    def __init__(self, model_arg: str, threads: int, model: Any = None) -> None:
+        """`model`: an already loaded model (any device) instead of loading `model_arg` on the CPU."""
         import hyserve_kernels as hk
 
         from hyserve.model.loader import load_model
 
         hk.set_num_threads(threads)
-        self.model = load_model(model_arg)
+        self.model = model if model is not None else load_model(model_arg)
         self.simd = hk.simd_path()
 
     def tokenize(self, text: str) -> list[int]:
@@ -93,15 +95,23 @@ class HyserveSide:
 class LlamaSide:
     name = "llama.cpp"
 
-    def __init__(self, path: str, threads: int) -> None:
+    def __init__(self, path: str, threads: int, n_gpu_layers: int = 0, model: Any = None) -> None:
+        """`n_gpu_layers`: layers offloaded to a GPU build's device (-1: all); 0 on the CPU build,
+        which is also kept quiet (its log lines cost time). `model`: an already loaded llama_model
+        (a second load of the same file in one process segfaulted in a CUDA build)."""
         import llama_cpp
         import llama_cpp._logger
 
-        llama_cpp._logger.set_verbose(False)  # as Llama(verbose=False): its log lines cost time
+        if n_gpu_layers == 0:
+            llama_cpp._logger.set_verbose(False)
         self.lc = llama_cpp
         self.threads = threads
         llama_cpp.llama_backend_init()
-        self.model = llama_cpp.llama_model_load_from_file(path.encode(), llama_cpp.llama_model_default_params())
+        if model is None:
+            model_params = llama_cpp.llama_model_default_params()
+            model_params.n_gpu_layers = n_gpu_layers
+            model = llama_cpp.llama_model_load_from_file(path.encode(), model_params)
+        self.model = model
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.version = llama_cpp.__version__
@@ -123,6 +133,7 @@ class LlamaSide:
         rc = self.lc.llama_decode(self.ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
+        self.lc.llama_synchronize(self.ctx)  # a GPU backend returns before the device is done
 
     def _argmax(self, i: int) -> int:
         ptr = self.lc.llama_get_logits_ith(self.ctx, i)

@@ -3,15 +3,17 @@ with the bytes each decode step moves and, given the adapter's memory bandwidth,
 it that is; per op family, the time of each family with the device synchronised after every op.
 
 Side by side with llama.cpp on the same device where a GPU build of llama-cpp-python is installed
-(Vulkan or CUDA); the CPU build this project's tests use has neither, and then the JSON says so.
+(Vulkan or CUDA): bench/llama_gpu_side.py, in its own process, first (each model's
+`llama_cpp_same_device` and `hyserve_over_llama_cpp`); the CPU build this project's tests use has
+neither, and then the JSON says so.
 On a software adapter (Mesa's lavapipe) the figures are CPU emulation, not GPU speeds: the run
 only shows the JSON's shape.
 
     python bench/gpu_bench.py [--model default|PATH] [--prompt 512] [--gen 128] [--batch 1 2 4 8 16]
                               [--adapter NAME] [--bandwidth-gbs 3350] [--qwen35 PATH] [--out bench/results]
 
-The realistic qwen35 (`--qwen35`, default ~/.cache/hyserve/models/realistic_qwen35_q4km.gguf) runs
-too once its architecture has a GPU path; until then its entry says why it was skipped.
+The realistic qwen35 (`--qwen35`, default ~/.cache/hyserve/models/realistic_qwen35_q4km.gguf,
+written by tests/fixtures/make_models.py realistic_qwen35) runs too where the file exists.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -117,6 +121,8 @@ def decode_bytes(arch: Any, n_ctx: int) -> int:
 
 
 def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
+    from batched_decode import HyserveSide, measure
+
     from hyserve.model.architectures.base import Logits, Segment
     from hyserve.model.loader import load_model
 
@@ -141,21 +147,13 @@ def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
             logits = arch.forward([Segment(memory, nxt, Logits.LAST)])[0]
         return time.perf_counter() - t
 
-    def batched(k: int) -> float:
-        memories = [arch.new_memory(64) for _ in range(k)]
-        arch.forward([Segment(m, np.asarray(tokens[:8], np.int32), Logits.NONE) for m in memories])
-        steps = []
-        for step in range(3):
-            segs = [Segment(m, np.asarray([tokens[8 + step]], np.int32), Logits.LAST) for m in memories]
-            t = time.perf_counter()
-            arch.forward(segs)
-            steps.append(time.perf_counter() - t)
-        return statistics.median(steps)
-
     prompt()  # warm-up: pipelines built, weights resident
     pp = [prompt() for _ in range(args.repeats)]
     tg = [generation() for _ in range(args.repeats)]
-    decode = {str(k): batched(k) for k in args.batch}
+    ours_side = HyserveSide(str(path), args.threads, model=model)
+    sides: list[Any] = [_Idle("llama.cpp", ours_side.tokenize), ours_side]
+    decode_runs = [measure(sides, k, args.rounds, args.block, 2) for k in args.batch]
+    decode = {str(r["k"]): r["step_ms"]["hyserve"] / 1e3 for r in decode_runs}
     timer = OpTimer(ops)
     arch.ops = timer
     prompt()
@@ -196,6 +194,53 @@ def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
     }
 
 
+class _Idle:
+    """Stands in for the engine that runs in the other process in `measure`: steps cost nothing."""
+
+    def __init__(self, name: str, tokenize: Any) -> None:
+        self.name, self.tokenize = name, tokenize
+
+    def start(self, prompts: list[list[int]], n_ctx: int) -> None:
+        pass
+
+    def step(self) -> float:
+        return 1.0
+
+    def stop(self) -> None:
+        pass
+
+
+def side_by_side(ours: dict, theirs: dict | None) -> dict:
+    """hyserve / llama.cpp throughput ratios (> 1: hyserve faster) where llama.cpp ran."""
+    if not theirs or "skipped" in ours or "error" in theirs:
+        return {}
+    steps = theirs["batched_decode_step_s"]
+    return {
+        "prompt": ours["prompt_tok_s"] / theirs["prompt_tok_s"],
+        "generation": ours["gen_tok_s"] / theirs["gen_tok_s"],
+        "batched_decode": {k: steps[k] / s for k, s in ours["batched_decode_step_s"].items() if k in steps},
+    }
+
+
+def llama_in_a_process(args: argparse.Namespace, path: Path | str) -> dict | None:
+    """llama.cpp's side (bench/llama_gpu_side.py) in a child process: None without a GPU build of
+    llama-cpp-python, else its JSON (or the error it died with)."""
+    if not llama_cpp_on_the_device()["available"]:
+        return None
+    if str(path) != "default" and not Path(path).exists():
+        return None
+    from hyserve.model.loader import resolve_model_path
+
+    model = str(resolve_model_path(str(path)))
+    cmd = [sys.executable, str(Path(__file__).with_name("llama_gpu_side.py")), model, "--prompt", str(args.prompt),
+           "--gen", str(args.gen), "--repeats", str(args.repeats), "--rounds", str(args.rounds),
+           "--block", str(args.block), "--threads", str(args.threads), "--batch", *map(str, args.batch)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"error": f"exit {done.returncode}: {done.stderr[-400:]}"}
+    return json.loads(done.stdout)
+
+
 def bench_model(args: argparse.Namespace, path: Path) -> dict:
     """`bench_hyserve` on `path`, or why it was skipped (no file, no GPU path for its architecture)."""
     from hyserve.model.backend.select import DeviceError
@@ -220,7 +265,7 @@ def llama_cpp_on_the_device() -> dict:
             "reason": "this llama-cpp-python build has no GPU backend (CPU only); "
             "llama-cpp-python with its Vulkan backend is not built here",
         }
-    return {"available": True, "reason": "a GPU build: compare with bench/runtime_bench.py --n-gpu-layers"}
+    return {"available": True, "reason": "a GPU build: every layer offloaded, same run (llama_cpp_same_device)"}
 
 
 def draw(result: dict, png: Path) -> None:
@@ -230,13 +275,26 @@ def draw(result: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     ours = result["hyserve"]
+    theirs = ours.get("llama_cpp_same_device")
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.bar(["prompt tok/s", "generation tok/s"], [ours["prompt_tok_s"], ours["gen_tok_s"]], color="tab:green")
+    labels = ["prompt tok/s", "generation tok/s"]
+    xs = np.arange(len(labels))
+    a.bar(xs - 0.2, [ours["prompt_tok_s"], ours["gen_tok_s"]], 0.4, color="tab:green", label="hyserve (wgpu)")
+    if theirs:
+        a.bar(xs + 0.2, [theirs["prompt_tok_s"], theirs["gen_tok_s"]], 0.4, color="#999999", label="llama.cpp")
+    a.set_xticks(xs, labels)
+    a.set_yscale("log")
+    a.legend(fontsize=8)
     a.set_title(ours["adapter"][:48], fontsize=8)
     ks = list(ours["batched_decode_tok_s"])
-    b.plot([int(k) for k in ks], [ours["batched_decode_tok_s"][k] for k in ks], "o-", color="tab:green")
+    b.plot([int(k) for k in ks], [ours["batched_decode_tok_s"][k] for k in ks], "o-", color="tab:green",
+           label="hyserve (wgpu)")  # fmt: skip
+    if theirs:
+        steps = theirs["batched_decode_step_s"]
+        b.plot([int(k) for k in ks], [int(k) / steps[k] for k in ks], "o-", color="#999999", label="llama.cpp")
     b.set_xlabel("sequences per decode step")
     b.set_ylabel("tokens/s")
+    b.legend(fontsize=8)
     b.set_title("batched decode" + (" (software adapter: not a GPU speed)" if ours["software_adapter"] else ""))
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -250,12 +308,20 @@ def main() -> None:
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="batched decode: alternating blocks per k")
+    p.add_argument("--block", type=int, default=5, help="batched decode: steps per block")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of both engines")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="the adapter's memory bandwidth, GB/s")
     p.add_argument("--qwen35", type=Path, default=Path.home() / ".cache/hyserve/models/realistic_qwen35_q4km.gguf")
     p.add_argument("--name", default="gpu_bench")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
     configure_logging()  # logs go to stderr: stdout carries only the JSON
+    # llama.cpp first, each model in its own process, before this process opens the wgpu device
+    theirs = {
+        "hyserve": llama_in_a_process(args, args.model),
+        "realistic_qwen35": llama_in_a_process(args, args.qwen35),
+    }
     result = {
         "machine": platform.processor() or platform.machine(),
         "date": time.strftime("%Y-%m-%d"),
@@ -263,6 +329,10 @@ def main() -> None:
         "realistic_qwen35": bench_model(args, args.qwen35),
         "llama_cpp": llama_cpp_on_the_device(),
     }
+    for key, other in theirs.items():
+        if other is not None:
+            result[key]["llama_cpp_same_device"] = other
+            result[key]["hyserve_over_llama_cpp"] = side_by_side(result[key], other)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     draw(result, args.out / f"{args.name}.png")
