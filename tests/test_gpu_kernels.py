@@ -110,12 +110,22 @@ def test_rms_norm_over_rows_and_heads(gpu_device) -> None:
 
 
 def assert_norm_bits(dev, gpu: np.ndarray, cpu: np.ndarray) -> None:
-    """The norm's sum is exact on every adapter; its 1/sqrt is IEEE-rounded on software adapters
-    (as on the CPU), within a few ulps on hardware ones (what Vulkan guarantees)."""
-    if dev.is_software:
-        np.testing.assert_array_equal(gpu, cpu)
-    else:
-        np.testing.assert_allclose(gpu, cpu, rtol=4e-7, atol=0)
+    """The norm's sum is exact on every adapter, and so are its sqrt and division (computed in
+    integers: Vulkan lets hardware round `sqrt` and `/` by ulps): the CPU's bits."""
+    np.testing.assert_array_equal(gpu, cpu)
+
+
+def test_norm_and_silu_divide_and_take_roots_like_the_cpu(gpu_device) -> None:
+    """Many rows (one sqrt and one division each) and SiLU's x / (1 + exp(-x)) over a wide range:
+    the correctly rounded division and square root of f64.wgsl give the CPU's bits."""
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((3000, 8)) * np.exp2(rng.uniform(-40, 40, (3000, 1)))).astype(np.float32)
+    gpu = gpu_device.to_host(gpu_device.rms_norm(gpu_device.tensor(x), None, 1e-6, 8))
+    assert_norm_bits(gpu_device, gpu, hk.rms_norm(x, None, 1e-6))
+    g = (rng.standard_normal((64, 512)) * np.exp2(rng.uniform(-30, 5, (64, 512)))).astype(np.float32)
+    u = rng.standard_normal((64, 512)).astype(np.float32)
+    got = gpu_device.to_host(gpu_device.swiglu(gpu_device.tensor(g), gpu_device.tensor(u)))
+    np.testing.assert_array_equal(got, hk.swiglu(g, u))
 
 
 def test_rms_norm_sums_exactly_over_wide_ranges(gpu_device) -> None:

@@ -12,7 +12,7 @@ use Access::{Read, ReadWrite, Uniform};
 
 static QUANTIZE_ACT: Kernel = Kernel {
     name: "quantize_act",
-    sources: &[include_str!("shaders/quantize_act.wgsl")],
+    sources: &[F64, include_str!("shaders/quantize_act.wgsl")],
     entry: "main",
     bindings: &[
         (0, Read),
@@ -46,7 +46,7 @@ static GET_ROWS: Kernel = Kernel {
 };
 static RMS_NORM: Kernel = Kernel {
     name: "rms_norm",
-    sources: &[MATH, include_str!("shaders/norm.wgsl")],
+    sources: &[MATH, F64, include_str!("shaders/norm.wgsl")],
     entry: "main",
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
 };
@@ -59,7 +59,7 @@ static ROPE: Kernel = Kernel {
 };
 static ELEMENTWISE: Kernel = Kernel {
     name: "elementwise",
-    sources: &[MATH, include_str!("shaders/elementwise.wgsl")],
+    sources: &[MATH, F64, include_str!("shaders/elementwise.wgsl")],
     entry: "main",
     bindings: &[
         (0, ReadWrite),
@@ -75,7 +75,8 @@ static COPY: Kernel = Kernel {
     entry: "main",
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
 };
-/// Integer f64 emulation (the CPU kernels' f64 sums), shared by attention and MoE.
+/// Integer f64 emulation (the CPU kernels' f64 sums) and correctly rounded division and sqrt,
+/// shared by attention, MoE, norms, activation quantization and SiLU.
 pub(crate) const F64: &str = include_str!("shaders/f64.wgsl");
 const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 static KV_STORE: Kernel = Kernel {

@@ -33,7 +33,7 @@ fn gelu(x: f32) -> f32 {
 }
 
 fn silu(x: f32) -> f32 {
-    return x / (1.0 + expf_ggml(-x));
+    return div_exact(x, 1.0 + expf_ggml(-x));
 }
 
 @compute @workgroup_size(64)

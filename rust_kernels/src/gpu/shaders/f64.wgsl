@@ -1,7 +1,9 @@
 // f64 arithmetic in integers, for the CPU kernels' f64 sums of non-negative f32 values (WGSL has
 // no f64): the MoE softmax and renormalisation sums (moe.wgsl) and the attention softmax's sum
-// (attention.wgsl), each rounded as the CPU rounds it; `recip_f32` and `div_rn` are correctly
-// rounded quotients. A value is m * 2^e, m a 53-bit integer (bit 52 set) or 0; m as (lo, hi).
+// (attention.wgsl), each rounded as the CPU rounds it; `recip_f32`, `div_rn` and `div_exact` are
+// correctly rounded quotients and `sqrt_exact` a correctly rounded square root (norms, activation
+// scales, SiLU: Vulkan lets hardware round `/` and `sqrt` by ulps). A value is m * 2^e, m a 53-bit
+// integer (bit 52 set) or 0; m as (lo, hi).
 
 struct F64 {
     m: vec2<u32>,
@@ -201,4 +203,54 @@ fn div_rn(a: f32, b: f32) -> f32 {
         r = shl64(r, 1u);
     }
     return f32_of(normalize(q, x.e - y.e - 55, r.x != 0u || r.y != 0u));
+}
+
+// a / b correctly rounded, any signs (IEEE division is sign-symmetric), as the CPU divides: WGSL's
+// `/` may be 2.5 ulp off on hardware adapters. Outside [1e-18, 1e18] in magnitude (where the
+// quotient could leave f32's normal range) and for zeros, the adapter's division.
+fn div_exact(a: f32, b: f32) -> f32 {
+    let x = abs(a);
+    let y = abs(b);
+    if !(x > 1e-18 && x < 1e18 && y > 1e-18 && y < 1e18) {
+        return a / b;
+    }
+    let q = div_rn(x, y);
+    return select(q, -q, (a < 0.0) != (b < 0.0));
+}
+
+// sqrt(x) correctly rounded, as the CPU's `sqrtf` (WGSL's sqrt may be ulps off on hardware):
+// the integer square root of the mantissa with the remainder as a sticky bit. Outside
+// [1e-30, 1e30] (never for a norm's mean + eps), the adapter's sqrt.
+fn sqrt_exact(x: f32) -> f32 {
+    if !(x > 1e-30 && x < 1e30) {
+        return sqrt(x);
+    }
+    let f = f64_of(x);  // x = m * 2^e, m in [2^52, 2^53)
+    var m = f.m;
+    var e = f.e;
+    if (e & 1) != 0 {
+        m = shl64(m, 1u);
+        e -= 1;
+    }
+    // floor(sqrt(m)) (27 bits) and the remainder, digit by digit
+    var num = m;
+    var res = vec2<u32>(0u);
+    var bit = shl64(vec2<u32>(1u, 0u), 52u);
+    for (var i = 0u; i < 27u; i++) {
+        let t = add64(res, bit);
+        if ge64(num, t) {
+            num = sub64(num, t);
+            res = add64(floor_shr64(res, 1u), bit);
+        } else {
+            res = floor_shr64(res, 1u);
+        }
+        bit = floor_shr64(bit, 2u);
+    }
+    // one more bit below the root: set when the remainder is nonzero, so the rounding to 24 bits
+    // sees it (no false ties)
+    var r = shl64(res, 1u);
+    if num.x != 0u || num.y != 0u {
+        r.x |= 1u;
+    }
+    return f32_of(normalize(r, e / 2 - 1, false));
 }

@@ -135,7 +135,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if (bitcast<u32>(nonfinite[0]) & 0x7f800000u) == 0x7f800000u {
             mean = nonfinite[0];
         }
-        row_scale = 1.0 / sqrt(mean + p.eps);
+        row_scale = div_exact(1.0, sqrt_exact(mean + p.eps));
     }
     workgroupBarrier();
     if row >= p.rows {

@@ -77,8 +77,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         var iscale = 0.0;
         var d = 0.0;
         if amax != 0.0 {
-            iscale = -127.0 / mx;
-            d = 1.0 / iscale;
+            iscale = -div_exact(127.0, mx);
+            d = div_exact(1.0, iscale);
         }
         for (var k = 0u; k < n_sub; k++) {
             var sums = vec2<f32>(0.0);
@@ -98,8 +98,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     for (var i = 0u; i < 32u; i++) {
         amax = max(amax, abs(value(row, 32u * s0 + i)));
     }
-    let d = amax / 127.0;
-    let id = select(0.0, 127.0 / amax, amax != 0.0);
+    let d = div_exact(amax, 127.0);
+    let id = select(0.0, div_exact(127.0, amax), amax != 0.0);
     var sum = 0.0;
     for (var i = 0u; i < 32u; i++) {
         let q = round(value(row, 32u * s0 + i) * id);
