@@ -7,13 +7,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hyserve_kernels as hk
 import numpy as np
 import pytest
 from fixtures import make_models
-from test_gpu_models import TEXT, assert_close_to_cpu, assert_deterministic_and_batch_invariant, fresh, run
+from test_gpu_models import (
+    TEXT,
+    assert_cancel_leaves_memory_unchanged,
+    assert_close_to_cpu,
+    assert_deterministic_and_batch_invariant,
+    fresh,
+    run,
+)
 
-from hyserve.model.architectures.base import ForwardCancelled, Logits, Segment
+from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.loader import ARCHITECTURES, load_model
 
@@ -96,13 +102,4 @@ def test_hybrid_gpu_replay_of_kept_inputs_is_exact(pair: Pair) -> None:
 
 
 def test_hybrid_gpu_cancel_leaves_memory_unchanged(pair: Pair) -> None:
-    arch = pair.gpu_arch
-    tokens = pair.tokenizer.encode(TEXT)[:20]
-    memory = arch.new_memory(256)
-    run(arch, memory, tokens[:10], Logits.NONE)
-    flag = hk.CancelFlag()
-    flag.set()
-    with pytest.raises(ForwardCancelled):
-        arch.forward([Segment(memory, np.asarray(tokens[10:], np.int32))], flag)
-    assert memory.n_tokens == 10
-    np.testing.assert_array_equal(run(arch, memory, tokens[10:]), fresh(arch, tokens)[10:])
+    assert_cancel_leaves_memory_unchanged(pair.gpu_arch, pair.tokenizer, 20, 256)

@@ -113,10 +113,11 @@ def test_gpu_memory_copies_are_exact(pair: Pair) -> None:
     np.testing.assert_array_equal(run(arch, other, c), expected)
 
 
-def test_gpu_cancel_leaves_memory_unchanged(pair: Pair) -> None:
-    arch = pair.gpu_arch
-    tokens = pair.tokenizer.encode(TEXT)[:30]
-    memory = arch.new_memory(512)
+def assert_cancel_leaves_memory_unchanged(arch, tokenizer, n_tokens: int, n_ctx: int) -> None:
+    """A forward call cancelled before its first layer raises, leaves the memory at its 10 tokens,
+    and the memory then continues bit for bit like a fresh evaluation."""
+    tokens = tokenizer.encode(TEXT)[:n_tokens]
+    memory = arch.new_memory(n_ctx)
     run(arch, memory, tokens[:10], Logits.NONE)
     flag = hk.CancelFlag()
     flag.set()
@@ -124,6 +125,10 @@ def test_gpu_cancel_leaves_memory_unchanged(pair: Pair) -> None:
         arch.forward([Segment(memory, np.asarray(tokens[10:], np.int32))], flag)
     assert memory.n_tokens == 10
     np.testing.assert_array_equal(run(arch, memory, tokens[10:]), fresh(arch, tokens)[10:])
+
+
+def test_gpu_cancel_leaves_memory_unchanged(pair: Pair) -> None:
+    assert_cancel_leaves_memory_unchanged(pair.gpu_arch, pair.tokenizer, 30, 512)
 
 
 def test_gemma3_270m_on_the_gpu(gemma_model, gpu_backend) -> None:

@@ -136,6 +136,21 @@ def test_moe_is_deterministic_and_batch_invariant(gpu_device, t: T) -> None:
     np.testing.assert_array_equal(gpu_device.to_host(gpu(gpu_device.tensor(other)))[5:], whole[3:11])
 
 
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_moe_lanes_give_the_same_bits(t: T) -> None:
+    """The expert products on one thread per weight row (software adapters) or eight (GPUs, the
+    routed tile's activations in workgroup memory): the same bits."""
+    try:
+        one = hk.GpuDevice(None, None, allow_software=True, lanes=1)
+        eight = hk.GpuDevice(None, None, allow_software=True, lanes=8)
+    except ValueError as exc:
+        pytest.skip(f"no wgpu adapter on this machine: {exc}")
+    cpu = make_moe(t, 256, 256 if t == T.Q4_K else 96, 12, 3, shared="gated")
+    x = np.random.default_rng(10).standard_normal((13, 256)).astype(np.float32)
+    a = one.to_host(hk.GpuMoeFfn(one, cpu)(one.tensor(x)))
+    np.testing.assert_array_equal(a, eight.to_host(hk.GpuMoeFfn(eight, cpu)(eight.tensor(x))))
+
+
 def test_fused_gate_up_gives_the_same_bits(gpu_device) -> None:
     rng = np.random.default_rng(7)
     n_embd, n_ff, n_expert = 96, 32, 10

@@ -23,8 +23,48 @@ fn check_f32(ts: &[&GpuTensor], what: &str) -> PyResult<()> {
     Ok(())
 }
 
-fn same_buffer(a: &GpuTensor, b: &GpuTensor) -> bool {
-    Arc::ptr_eq(&a.buf, &b.buf)
+/// `t` as rows of `m` values: the row count (an error naming `what` unless m > 0 divides its size).
+fn rows_of(t: &GpuTensor, m: usize, what: &str) -> PyResult<usize> {
+    if m == 0 || !t.size().is_multiple_of(m) {
+        return Err(value_error(format!(
+            "{what}: {:?} is not rows of {m}",
+            t.shape
+        )));
+    }
+    Ok(t.size() / m)
+}
+
+/// `a` and `b` hold the same number of values.
+fn same_size(a: &GpuTensor, b: &GpuTensor, what: &str) -> PyResult<()> {
+    if a.size() != b.size() {
+        return Err(value_error(format!(
+            "{what}: {:?} and {:?} differ in size",
+            a.shape, b.shape
+        )));
+    }
+    Ok(())
+}
+
+/// A recurrent state of `size` values and the tensor its update goes to: same size, another buffer
+/// (a kernel reads the old state while it writes the new one).
+fn state_pair(
+    state_in: &GpuTensor,
+    state_out: &GpuTensor,
+    size: usize,
+    what: &str,
+) -> PyResult<()> {
+    if state_in.size() != size || state_out.size() != size {
+        return Err(value_error(format!(
+            "{what}: states {:?}, {:?} must hold {size} values",
+            state_in.shape, state_out.shape
+        )));
+    }
+    if Arc::ptr_eq(&state_in.buf, &state_out.buf) {
+        return Err(value_error(format!(
+            "{what}: state_in and state_out must be different tensors"
+        )));
+    }
+    Ok(())
 }
 
 /// Causal depthwise convolution of x (n × channels) with weight (channels × kernel) continuing
@@ -43,30 +83,14 @@ fn gpu_conv1d(
 ) -> PyResult<GpuTensor> {
     check_f32(&[&x, &weight, &state_in, &state_out], "conv1d")?;
     let channels = *x.shape.last().unwrap_or(&0);
-    if channels == 0 || !weight.size().is_multiple_of(channels) {
-        return Err(value_error(format!(
-            "conv1d: weight {:?} for rows of {channels}",
-            weight.shape
-        )));
-    }
-    let kernel = weight.size() / channels;
+    let kernel = rows_of(&weight, channels, "conv1d (weight per channel)")?;
     let n = x.size() / channels;
-    if kernel == 0
-        || state_in.size() != (kernel - 1) * channels
-        || state_out.size() != state_in.size()
-    {
-        return Err(value_error(format!(
-            "conv1d: states must be {} x {channels}",
-            kernel.saturating_sub(1)
-        )));
+    if kernel == 0 {
+        return Err(value_error("conv1d: empty kernel"));
     }
+    state_pair(&state_in, &state_out, (kernel - 1) * channels, "conv1d")?;
     if bias.as_ref().is_some_and(|b| b.size() != channels) {
         return Err(value_error("conv1d: bias must have one value per channel"));
-    }
-    if same_buffer(&state_in, &state_out) {
-        return Err(value_error(
-            "conv1d: state_in and state_out must be different tensors",
-        ));
     }
     let c = Conv {
         n,
@@ -108,31 +132,27 @@ fn gpu_delta_rule(
         &[&q, &k, &v, &g, &beta, &state_in, &state_out],
         "delta_rule",
     )?;
-    if nk == 0 || nv == 0 || !nv.is_multiple_of(nk) || !g.size().is_multiple_of(nv) {
+    if nk == 0 || !nv.is_multiple_of(nk) {
         return Err(value_error(format!(
-            "delta_rule: {nv} v heads over {nk} k heads, g {:?}",
-            g.shape
+            "delta_rule: {nv} v heads over {nk} k heads"
         )));
     }
-    let n = g.size() / nv;
+    let n = rows_of(&g, nv, "delta_rule (g per v head)")?;
     if n == 0 {
         ops_copy(&dev, &state_in, &state_out);
         return Ok(f32_tensor(dev.gpu.alloc(0), vec![0, nv, 0]));
     }
     let (dk, dv) = (q.size() / (n * nk), v.size() / (n * nv));
-    let ok = q.size() == n * nk * dk
-        && k.size() == q.size()
-        && v.size() == n * nv * dv
-        && beta.size() == n * nv
-        && state_in.size() == nv * dv * dk
-        && state_out.size() == state_in.size()
-        && dk > 0
-        && dv > 0;
-    if !ok || same_buffer(&state_in, &state_out) {
-        return Err(value_error(
-            "delta_rule: shapes do not match (or state_in is state_out)",
-        ));
+    let ok = q.size() == n * nk * dk && v.size() == n * nv * dv && dk > 0 && dv > 0;
+    if !ok {
+        return Err(value_error(format!(
+            "delta_rule: q {:?}, v {:?} for {n} rows",
+            q.shape, v.shape
+        )));
     }
+    same_size(&k, &q, "delta_rule (k, q)")?;
+    same_size(&beta, &g, "delta_rule (beta, g)")?;
+    state_pair(&state_in, &state_out, nv * dv * dk, "delta_rule")?;
     let s = DeltaRule {
         n,
         nk,
@@ -177,35 +197,27 @@ fn gpu_mamba2_scan(
         "mamba2_scan",
     )?;
     let nh = a.size();
-    if nh == 0
-        || n_groups == 0
-        || !nh.is_multiple_of(n_groups)
-        || d.size() != nh
-        || dt_bias.size() != nh
-    {
-        return Err(value_error(
-            "mamba2_scan: A, D, dt_bias must have one value per head (a multiple of groups)",
-        ));
+    if n_groups == 0 || !nh.is_multiple_of(n_groups) {
+        return Err(value_error(format!(
+            "mamba2_scan: {nh} heads in {n_groups} groups"
+        )));
     }
-    let n = dt.size() / nh;
+    same_size(&d, &a, "mamba2_scan (D, A)")?;
+    same_size(&dt_bias, &a, "mamba2_scan (dt_bias, A)")?;
+    let n = rows_of(&dt, nh, "mamba2_scan (dt per head)")?;
     if n == 0 {
         ops_copy(&dev, &state_in, &state_out);
         return Ok(f32_tensor(dev.gpu.alloc(0), vec![0, nh, 0]));
     }
     let (p, ns) = (x.size() / (n * nh), b.size() / (n * n_groups));
-    let ok = dt.size() == n * nh
-        && x.size() == n * nh * p
-        && b.size() == n * n_groups * ns
-        && c.size() == b.size()
-        && state_in.size() == nh * p * ns
-        && state_out.size() == state_in.size()
-        && p > 0
-        && ns > 0;
-    if !ok || same_buffer(&state_in, &state_out) {
-        return Err(value_error(
-            "mamba2_scan: shapes do not match (or state_in is state_out)",
-        ));
+    if x.size() != n * nh * p || b.size() != n * n_groups * ns || p == 0 || ns == 0 {
+        return Err(value_error(format!(
+            "mamba2_scan: x {:?}, B {:?} for {n} rows",
+            x.shape, b.shape
+        )));
     }
+    same_size(&c, &b, "mamba2_scan (C, B)")?;
+    state_pair(&state_in, &state_out, nh * p * ns, "mamba2_scan")?;
     // the per-head values in one binding (A, D, dt_bias): the kernel's eight storage bindings
     let gpu = &dev.gpu;
     let heads = gpu.alloc((3 * nh * 4) as u64);
@@ -250,11 +262,9 @@ fn gpu_gdn_gates(
 ) -> PyResult<(GpuTensor, GpuTensor)> {
     check_f32(&[&b, &a, &dt_bias, &neg_a], "gdn_gates")?;
     let m = dt_bias.size();
-    if m == 0 || neg_a.size() != m || a.size() != b.size() || !a.size().is_multiple_of(m) {
-        return Err(value_error(
-            "gdn_gates: a and b must be rows of len(dt_bias) == len(A)",
-        ));
-    }
+    same_size(&neg_a, &dt_bias, "gdn_gates (A, dt_bias)")?;
+    same_size(&a, &b, "gdn_gates (a, b)")?;
+    rows_of(&a, m, "gdn_gates (a per head)")?;
     let (g, beta) = recurrent::gdn_gates(
         &dev.gpu,
         &b.buf,
@@ -278,12 +288,7 @@ fn gpu_sigmoid_mul(
     gate: PyRef<'_, GpuTensor>,
 ) -> PyResult<()> {
     check_f32(&[&dst, &gate], "sigmoid_mul")?;
-    if dst.size() != gate.size() {
-        return Err(value_error(format!(
-            "sigmoid_mul: {:?} and {:?}",
-            dst.shape, gate.shape
-        )));
-    }
+    same_size(&dst, &gate, "sigmoid_mul")?;
     recurrent::sigmoid_mul(&dev.gpu, &dst.buf, &gate.buf, dst.size());
     Ok(())
 }
@@ -297,12 +302,7 @@ fn gpu_mul_row(
 ) -> PyResult<()> {
     check_f32(&[&dst, &w], "mul_row")?;
     let m = w.size();
-    if m == 0 || !dst.size().is_multiple_of(m) {
-        return Err(value_error(format!(
-            "mul_row: {:?} is not rows of {m}",
-            dst.shape
-        )));
-    }
+    rows_of(&dst, m, "mul_row")?;
     recurrent::mul_row(&dev.gpu, &dst.buf, &w.buf, dst.size(), m);
     Ok(())
 }
@@ -316,13 +316,8 @@ fn gpu_l2_norm(
     eps: f32,
 ) -> PyResult<GpuTensor> {
     check_f32(&[&x], "l2_norm")?;
-    if n == 0 || !x.size().is_multiple_of(n) {
-        return Err(value_error(format!(
-            "l2_norm: {:?} is not rows of {n}",
-            x.shape
-        )));
-    }
-    let out = recurrent::l2_norm(&dev.gpu, &x.buf, x.size() / n, n, eps);
+    let rows = rows_of(&x, n, "l2_norm")?;
+    let out = recurrent::l2_norm(&dev.gpu, &x.buf, rows, n, eps);
     Ok(f32_tensor(out, x.shape.clone()))
 }
 
@@ -369,7 +364,7 @@ fn gpu_put_rows(
 ) -> PyResult<()> {
     let rows = dst.shape.first().copied().unwrap_or(0);
     let per = dst.size() / rows.max(1);
-    if per == 0 || !src.size().is_multiple_of(per) || start + src.size() / per > rows {
+    if start + rows_of(&src, per, "put_rows")? > rows {
         return Err(value_error(format!(
             "put_rows: {:?} at row {start} of {:?}",
             src.shape, dst.shape
@@ -404,12 +399,7 @@ fn gpu_copy_into(
     src: PyRef<'_, GpuTensor>,
     dst: PyRef<'_, GpuTensor>,
 ) -> PyResult<()> {
-    if src.size() != dst.size() {
-        return Err(value_error(format!(
-            "copy_into: {:?} into {:?}",
-            src.shape, dst.shape
-        )));
-    }
+    same_size(&src, &dst, "copy_into")?;
     ops_copy(&dev, &src, &dst);
     dev.gpu.flush();
     Ok(())

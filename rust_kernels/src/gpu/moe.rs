@@ -6,7 +6,9 @@
 use bytemuck::bytes_of;
 
 use super::device::{Access, Gpu, GpuBuffer, Kernel};
-use super::ops::{self, groups_1d, groups_wrapped, Elementwise, QuantizedAct, MATMUL, MAX_GROUPS};
+use super::ops::{
+    self, groups_1d, groups_wrapped, Elementwise, QuantizedAct, F64, MATMUL, MAX_GROUPS,
+};
 use super::weights::GpuWeight;
 use crate::matmul::Weight;
 use crate::moe::{Moe, Routing};
@@ -23,19 +25,19 @@ const TILE: usize = 8;
 
 static ROUTE: Kernel = Kernel {
     name: "moe_route",
-    sources: &[MATH, MOE],
+    sources: &[MATH, F64, MOE],
     entry: "route",
     bindings: &[(0, Read), (1, ReadWrite), (2, ReadWrite), (3, Uniform)],
 };
 static PLAN: Kernel = Kernel {
     name: "moe_plan",
-    sources: &[MATH, MOE],
+    sources: &[MATH, F64, MOE],
     entry: "plan_pairs",
     bindings: &[(1, ReadWrite), (3, Uniform), (4, ReadWrite)],
 };
 static COMBINE: Kernel = Kernel {
     name: "moe_combine",
-    sources: &[MATH, MOE],
+    sources: &[MATH, F64, MOE],
     entry: "combine",
     bindings: &[
         (2, ReadWrite),

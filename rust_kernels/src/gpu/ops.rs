@@ -75,10 +75,13 @@ static COPY: Kernel = Kernel {
     entry: "main",
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
 };
+/// Integer f64 emulation (the CPU kernels' f64 sums) and correctly rounded division and sqrt,
+/// shared by attention, MoE, norms, activation quantization and SiLU.
+pub(crate) const F64: &str = include_str!("shaders/f64.wgsl");
 const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 static KV_STORE: Kernel = Kernel {
     name: "kv_store",
-    sources: &[MATH, ATTENTION],
+    sources: &[MATH, F64, ATTENTION],
     entry: "store",
     bindings: &[
         (0, Read),
@@ -90,7 +93,7 @@ static KV_STORE: Kernel = Kernel {
 };
 static ATTEND: Kernel = Kernel {
     name: "attend",
-    sources: &[MATH, ATTENTION],
+    sources: &[MATH, F64, ATTENTION],
     entry: "attend",
     bindings: &[
         (0, Read),

@@ -35,37 +35,29 @@ static CONV_STATE: Kernel = Kernel {
     entry: "state",
     bindings: CONV_BINDINGS,
 };
+/// The two state scans' bindings: six inputs, the output and the new state, the sizes.
+const SCAN_BINDINGS: &[(u32, Access)] = &[
+    (0, Read),
+    (1, Read),
+    (2, Read),
+    (3, Read),
+    (4, Read),
+    (5, Read),
+    (6, ReadWrite),
+    (7, ReadWrite),
+    (8, Uniform),
+];
 static DELTA_RULE: Kernel = Kernel {
     name: "delta_rule",
     sources: &[include_str!("shaders/delta_rule.wgsl")],
     entry: "main",
-    bindings: &[
-        (0, Read),
-        (1, Read),
-        (2, Read),
-        (3, Read),
-        (4, Read),
-        (5, Read),
-        (6, ReadWrite),
-        (7, ReadWrite),
-        (8, Uniform),
-    ],
+    bindings: SCAN_BINDINGS,
 };
 static MAMBA2_SCAN: Kernel = Kernel {
     name: "mamba2_scan",
     sources: &[include_str!("shaders/mamba2_scan.wgsl")],
     entry: "main",
-    bindings: &[
-        (0, Read),
-        (1, Read),
-        (2, Read),
-        (3, Read),
-        (4, Read),
-        (5, Read),
-        (6, ReadWrite),
-        (7, ReadWrite),
-        (8, Uniform),
-    ],
+    bindings: SCAN_BINDINGS,
 };
 const MISC_BINDINGS: &[(u32, Access)] = &[
     (0, ReadWrite),

@@ -6,7 +6,7 @@
 // exponentials, weighted V), fixed sequential and tree reduction orders: results are deterministic
 // and do not depend on the other rows of the batch. As on the CPU (llama.cpp's F16 path), q is
 // rounded to f16 for the scores, ggml's exp, and the probabilities to f16 for the sum of V.
-// Needs math.wgsl.
+// Needs math.wgsl and f64.wgsl.
 
 struct Params {
     n_rows: u32,     // query rows of this sequence
@@ -107,7 +107,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     m = reduce_max(lid, m);
     storageBarrier();
     workgroupBarrier();
-    // exponentials, and their sum per group of 8 keys (kept in red[] order-free: one thread sums)
+    // exponentials, and their sum per group of 8 keys (one thread then adds the groups in order)
     let g_first = first / 8u;
     let g_last = qpos / 8u;
     for (var g = g_first + lid; g <= g_last; g += 64u) {
@@ -125,11 +125,12 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     storageBarrier();
     workgroupBarrier();
     if lid == 0u {
-        var sum = 0.0;
+        // the CPU adds the group sums in f64 and takes (f32)(1 / sum): emulated exactly (f64.wgsl)
+        var sum = F64(vec2<u32>(0u), 0);
         for (var g = g_first; g <= g_last; g++) {
-            sum += group_sums[(r * p.n_head + h) * (p.n_ctx / 8u + 1u) + g];
+            sum = f64_add(sum, f64_of(group_sums[(r * p.n_head + h) * (p.n_ctx / 8u + 1u) + g]));
         }
-        red[0] = div_rn(1.0, sum);
+        red[0] = recip_f32(sum);
     }
     workgroupBarrier();
     let inv = red[0];

@@ -10,8 +10,11 @@
 // block's scale into its float accumulator with one fused multiply-add, block after block. The
 // eight lanes are joined by ggml's hsum8, plus the min terms of Q4_1/Q5_1/Q4_K/Q5_K in the CPU's
 // order. Float formats (F32/F16/BF16) use the same lanes, while the CPU sums those in f64: close,
-// not identical. A workgroup covers 64 / LANES weight rows x TILE activation rows, so each weight
-// block is read once for the tile; a result never depends on the other rows of the batch.
+// not identical. A workgroup is a tile of 64 / LANES weight rows x TILE activation rows (a prompt
+// chunk is ceil(n / TILE) tiles): each weight block is read once for the tile, and the tile's
+// activations are copied into workgroup memory a step of 8 sub-blocks at a time (LANES = 8), read
+// once for all the workgroup's rows. Tiling changes only where the values are read from, never the order in which
+// an output's products are added: a result never depends on the other rows of the batch.
 // MOE = 1 (the experts of a mixture-of-experts FFN, moe.wgsl): a tile is up to TILE (token, slot)
 // pairs routed to one expert, listed by moe.wgsl's plan; the weight rows are that expert's, the
 // products the same per-row dot products as MOE = 0 on that expert's rows.
@@ -55,6 +58,43 @@ struct Params {
 
 var<workgroup> lanes_acc: array<f32, 512>;  // TILE x 64 threads
 var<workgroup> lanes_min: array<f32, 512>;
+// the tile's activations of one step (STEP sub-blocks of TILE rows): quants, scales, sums
+const STEP: u32 = 8u;
+var<workgroup> tq: array<vec4<f32>, 512>;  // TILE x STEP x 8
+var<workgroup> td: array<f32, 64>;         // TILE x STEP
+var<workgroup> ts: array<f32, 64>;
+var<workgroup> th: array<f32, 64>;
+
+// Activation sub-block g (global index) of the step's tile copy at t (b * STEP + c): from
+// workgroup memory when LANES > 1 (GPUs), straight from the buffers on software adapters, where the
+// barriers cost more than the copy saves (the same values either way).
+fn aq(t: u32, g: u32, k: u32) -> vec4<f32> {
+    if LANES > 1u {
+        return tq[8u * t + k];
+    }
+    return xq[8u * g + k];
+}
+
+fn ad(t: u32, g: u32) -> f32 {
+    if LANES > 1u {
+        return td[t];
+    }
+    return xd[g];
+}
+
+fn as_(t: u32, g: u32) -> f32 {
+    if LANES > 1u {
+        return ts[t];
+    }
+    return xs[g];
+}
+
+fn ah(t: u32, g: u32) -> f32 {
+    if LANES > 1u {
+        return th[t];
+    }
+    return xh[g];
+}
 
 fn is_float(fmt: u32) -> bool {
     return fmt == T_F32 || fmt == T_F16 || fmt == T_BF16;
@@ -104,27 +144,54 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         acc[i] = 0.0;
         mins[i] = 0.0;
     }
-    if live {
-        let row = wr * p.row_bytes;
-        for (var kk = 0u; kk < per; kk++) {
-            let k = lane0 + kk;
-            if is_float(FMT) {
-                for (var c = 0u; c < p.n_sub; c++) {
-                    let wv = quad_f(FMT, row, 32u * c + 4u * k, p.cols);
-                    for (var b = 0u; b < TILE; b++) {
-                        if b < n_b {
-                            let xv = xq[8u * (act[b] * p.n_sub + c) + k];
-                            var a = acc[8u * b + kk];
-                            a = fma(wv.x, xv.x, a);
-                            a = fma(wv.y, xv.y, a);
-                            a = fma(wv.z, xv.z, a);
-                            acc[8u * b + kk] = fma(wv.w, xv.w, a);
+    let row = wr * p.row_bytes;
+    // Steps of STEP sub-blocks (one K-quant super-block): on GPUs the workgroup first copies the
+    // tile's activations of the step into workgroup memory (read once for all its weight rows); then
+    // each thread adds the step's blocks to its lanes, block after block: every output keeps the
+    // decode order, whatever the batch or chunk.
+    for (var s0 = 0u; s0 < p.n_sub; s0 += STEP) {
+        let n_c = min(STEP, p.n_sub - s0);
+        if LANES > 1u {
+            workgroupBarrier();  // the previous step's reads are done
+            for (var i = lid; i < TILE * STEP * 8u; i += 64u) {
+                let b = i / (STEP * 8u);
+                let c = (i / 8u) % STEP;
+                if b < n_b && c < n_c {
+                    tq[i] = xq[8u * (act[b] * p.n_sub + s0 + c) + i % 8u];
+                }
+            }
+            for (var i = lid; i < TILE * STEP; i += 64u) {
+                let b = i / STEP;
+                let c = i % STEP;
+                if b < n_b && c < n_c {
+                    let a = act[b] * p.n_sub + s0 + c;
+                    td[i] = xd[a];
+                    ts[i] = xs[a];
+                    th[i] = xh[a];
+                }
+            }
+            workgroupBarrier();
+        }
+        if live {
+            for (var kk = 0u; kk < per; kk++) {
+                let k = lane0 + kk;
+                if is_float(FMT) {
+                    for (var c = 0u; c < n_c; c++) {
+                        let wv = quad_f(FMT, row, 32u * (s0 + c) + 4u * k, p.cols);
+                        for (var b = 0u; b < TILE; b++) {
+                            if b < n_b {
+                                let xv = aq(b * STEP + c, act[b] * p.n_sub + s0 + c, k);
+                                var a = acc[8u * b + kk];
+                                a = fma(wv.x, xv.x, a);
+                                a = fma(wv.y, xv.y, a);
+                                a = fma(wv.z, xv.z, a);
+                                acc[8u * b + kk] = fma(wv.w, xv.w, a);
+                            }
                         }
                     }
-                }
-            } else if FMT == T_Q4_K || FMT == T_Q5_K || FMT == T_Q6_K {
-                let size = block_bytes(FMT);
-                for (var sb = 0u; sb < p.n_sub / 8u; sb++) {
+                } else if FMT == T_Q4_K || FMT == T_Q5_K || FMT == T_Q6_K {
+                    let size = block_bytes(FMT);
+                    let sb = s0 / 8u;
                     let blk = row + size * sb;
                     var qs: array<vec4<i32>, 8>;
                     var sc: array<i32, 8>;  // Q4_K/Q5_K: the sub-block scales; Q6_K: lane k's scale per chunk
@@ -145,18 +212,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     }
                     for (var b = 0u; b < TILE; b++) {
                         if b < n_b {
-                            let a0 = act[b] * p.n_sub + 8u * sb;  // the super-block's first sub-block
+                            let a0 = b * STEP;  // the super-block's first sub-block: in the tile copy,
+                            let g0 = act[b] * p.n_sub + s0;  // in the buffers
                             var lane = 0;
                             if FMT == T_Q6_K {
                                 let own = a0 + k;  // 16-sums 2k, 2k+1 are sub-block k's halves
-                                let s0 = i32(i8_at(blk + 192u + 2u * k));
-                                let s1 = i32(i8_at(blk + 192u + 2u * k + 1u));
-                                lane = -32 * (i32(xs[own]) * s0 + i32(xh[own]) * s1);
+                                let s0q = i32(i8_at(blk + 192u + 2u * k));
+                                let s1q = i32(i8_at(blk + 192u + 2u * k + 1u));
+                                lane = -32 * (i32(as_(own, g0 + k)) * s0q + i32(ah(own, g0 + k)) * s1q);
                             }
                             for (var c = 0u; c < 8u; c++) {
-                                lane += sc[c] * dot(qs[c], vec4<i32>(xq[8u * (a0 + c) + k]));
+                                lane += sc[c] * dot(qs[c], vec4<i32>(aq(a0 + c, g0 + c, k)));
                             }
-                            let yd = xd[a0];
+                            let yd = ad(a0, g0);
                             acc[8u * b + kk] = fma_exact(dw * yd, f32(lane), acc[8u * b + kk]);
                             if FMT != T_Q6_K && (k < 4u && FMT == T_Q4_K || k == 0u) {
                                 // mins: lane l < 4 holds sub-blocks 2l, 2l+1 (Q4_K); Q5_K all in lane 0
@@ -164,8 +232,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                                 var prod: array<i32, 4>;
                                 for (var l = 0u; l < 4u; l++) {
                                     let j = 2u * l;
-                                    prod[l] = m[j] * (i32(xs[a0 + j]) + i32(xh[a0 + j]))
-                                        + m[j + 1u] * (i32(xs[a0 + j + 1u]) + i32(xh[a0 + j + 1u]));
+                                    prod[l] = m[j] * (i32(as_(a0 + j, g0 + j)) + i32(ah(a0 + j, g0 + j)))
+                                        + m[j + 1u] * (i32(as_(a0 + j + 1u, g0 + j + 1u)) + i32(ah(a0 + j + 1u, g0 + j + 1u)));
                                 }
                                 var term = prod[min(k, 3u)];
                                 if FMT == T_Q5_K {
@@ -175,23 +243,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                             }
                         }
                     }
-                }
-            } else {
-                // legacy 32-blocks: Q4_0, Q5_0, Q8_0 against Q8_0; Q4_1, Q5_1 against Q8_1 (+ m * s)
-                let size = block_bytes(FMT);
-                let with_min = FMT == T_Q4_1 || FMT == T_Q5_1;
-                for (var c = 0u; c < p.n_sub; c++) {
-                    let blk = row + size * c;
-                    let q = quad_q(FMT, row, 32u * c + 4u * k);
-                    let dw = f16_at(blk);
-                    let mw = f16_at(blk + 2u);
-                    for (var b = 0u; b < TILE; b++) {
-                        if b < n_b {
-                            let a = act[b] * p.n_sub + c;
-                            let i = 8u * b + kk;
-                            acc[i] = fma_exact(dw * xd[a], f32(dot(q, vec4<i32>(xq[8u * a + k]))), acc[i]);
-                            if with_min && k == 0u {
-                                mins[i] += mw * xs[a];
+                } else {
+                    // legacy 32-blocks: Q4_0, Q5_0, Q8_0 against Q8_0; Q4_1, Q5_1 against Q8_1 (+ m * s)
+                    let size = block_bytes(FMT);
+                    let with_min = FMT == T_Q4_1 || FMT == T_Q5_1;
+                    for (var c = 0u; c < n_c; c++) {
+                        let blk = row + size * (s0 + c);
+                        let q = quad_q(FMT, row, 32u * (s0 + c) + 4u * k);
+                        let dw = f16_at(blk);
+                        let mw = f16_at(blk + 2u);
+                        for (var b = 0u; b < TILE; b++) {
+                            if b < n_b {
+                                let a = b * STEP + c;
+                                let g = act[b] * p.n_sub + s0 + c;
+                                let i = 8u * b + kk;
+                                acc[i] = fma_exact(dw * ad(a, g), f32(dot(q, vec4<i32>(aq(a, g, k)))), acc[i]);
+                                if with_min && k == 0u {
+                                    mins[i] += mw * as_(a, g);
+                                }
                             }
                         }
                     }
