@@ -23,6 +23,7 @@ sys.path.insert(0, str(TESTS))
 from fixtures import make_models  # noqa: E402
 from test_gpu_models import TEXT  # noqa: E402
 
+from hyserve.logging_setup import configure_logging  # noqa: E402
 from hyserve.model.architectures.base import Logits, Segment  # noqa: E402
 from hyserve.model.backend import open_backend  # noqa: E402
 from hyserve.model.backend.cpu import CpuBackend  # noqa: E402
@@ -158,6 +159,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=0, help="the first N tokens of the text (0: all)")
     p.add_argument("--adapter", default=None)
     args = p.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the trace
     trace = TracingBackend(open_backend("gpu", gpu_adapter=args.adapter))
     with tempfile.TemporaryDirectory() as tmp:
         path = make_models.write_model(Path(tmp) / "m.gguf", args.arch, qtype=args.qtype, **args.kw)
