@@ -107,6 +107,36 @@ def timestamps(ops: Any, run: Any) -> dict:
     }
 
 
+def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int) -> dict:
+    """Host time of one-token decode steps: `record_s` from the forward call to its read-back
+    (the Python ops, bind groups and dispatches recorded: work no GPU speeds up), `step_s` the whole
+    step (submission, the device's work and the wait included). Medians over `steps` steps."""
+    from hyserve.model.architectures.base import Logits, Segment
+
+    memory = arch.new_memory(len(tokens) + steps + 8)
+    arch.forward([Segment(memory, np.asarray(tokens, np.int32), Logits.NONE)])
+    read_at: list[float] = []
+    real_to_host = ops.to_host
+
+    def marked_to_host(x: Any) -> np.ndarray:
+        read_at.append(time.perf_counter())
+        return real_to_host(x)
+
+    ops.to_host = marked_to_host
+    record, whole = [], []
+    try:
+        for i in range(steps):
+            read_at.clear()
+            start = time.perf_counter()
+            token = np.asarray([tokens[i % len(tokens)]], np.int32)
+            arch.forward([Segment(memory, token, Logits.LAST)])
+            whole.append(time.perf_counter() - start)
+            record.append(read_at[0] - start)
+    finally:
+        del ops.to_host  # the instance attribute: the class's method again
+    return {"record_s": statistics.median(record), "step_s": statistics.median(whole), "steps": steps}
+
+
 def decode_bytes(arch: Any, n_ctx: int) -> int:
     """Bytes one decode step reads: every weight once (a tied LM head once) + the KV cache."""
     seen: dict[int, int] = {}
@@ -149,6 +179,9 @@ def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
         return time.perf_counter() - t
 
     prompt()  # warm-up: pipelines built, weights resident
+    host = decode_step_host_s(arch, ops, tokens[:8], args.host_steps)
+    if args.host_only:
+        return {"adapter": ops.description, "software_adapter": bool(ops.device.is_software), "decode_step_host": host}
     pp = [prompt() for _ in range(args.repeats)]
     tg = [generation() for _ in range(args.repeats)]
     ours_side = HyserveSide(str(path), args.threads, model=model)
@@ -187,6 +220,7 @@ def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
         "bandwidth_gbs": args.bandwidth_gbs,
         "bandwidth_fraction": gbs / args.bandwidth_gbs if gbs and args.bandwidth_gbs else None,
         "bandwidth_note": None if args.bandwidth_gbs else "the adapter's memory bandwidth is unknown (--bandwidth-gbs)",
+        "decode_step_host": host,
         "prompt_op_family_wall_s": dict(timer.seconds),
         "timestamps_prompt": ts_prompt,
         "timestamps_decode_step": ts_step,
@@ -314,10 +348,20 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="CPU threads of both engines")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="the adapter's memory bandwidth, GB/s")
     p.add_argument("--qwen35", type=Path, default=Path.home() / ".cache/hyserve/models/realistic_qwen35_q4km.gguf")
+    p.add_argument("--host-steps", type=int, default=20, help="decode steps timed for the host's recording time")
+    p.add_argument(
+        "--host-only",
+        action="store_true",
+        help="only the host's recording time per decode step (quick; prints the JSON, writes nothing)",
+    )
     p.add_argument("--name", default="gpu_bench")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
     configure_logging()  # logs go to stderr: stdout carries only the JSON
+    if args.host_only:
+        host = {"hyserve": bench_hyserve(args, args.model), "realistic_qwen35": bench_model(args, args.qwen35)}
+        print(json.dumps(host, indent=2))
+        return
     # llama.cpp first, each model in its own process, before this process opens the wgpu device
     theirs = {
         "hyserve": llama_in_a_process(args, args.model),

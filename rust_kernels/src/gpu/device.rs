@@ -5,6 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
+use super::recorder::Recorder;
+
 /// How to pick an adapter.
 #[derive(Clone, Debug, Default)]
 pub struct AdapterChoice {
@@ -95,7 +97,10 @@ pub struct Gpu {
     binding_limit: u64,
     lanes: u32,
     pipelines: Mutex<PipelineCache>,
-    pending: Mutex<Option<wgpu::CommandEncoder>>,
+    /// the pending encoder, its open pass and the dispatches' parameters
+    recorder: Mutex<Recorder>,
+    /// the adapter's alignment of uniform binding offsets
+    uniform_align: u64,
     /// timestamp queries per dispatch while profiling (profile.rs)
     pub(crate) profiler: Mutex<Option<super::profile::Profiler>>,
     pool: Pool,
@@ -220,7 +225,8 @@ impl Gpu {
             lanes: choice.lanes.unwrap_or(if software { 1 } else { 8 }),
             limits,
             pipelines: Mutex::new(HashMap::new()),
-            pending: Mutex::new(None),
+            recorder: Mutex::new(Recorder::default()),
+            uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment),
             profiler: Mutex::new(None),
             pool: Arc::new(Mutex::new(HashMap::new())),
             fused_fma: true,
@@ -357,13 +363,8 @@ impl Gpu {
             return;
         }
         let p = self.pipeline(k, constants);
-        let uniform = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: params,
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        let mut recorder = self.recorder.lock().unwrap();
+        let slot = recorder.params(&self.device, self.uniform_align, params);
         let mut storage = buffers.iter();
         let entries: Vec<wgpu::BindGroupEntry> = k
             .bindings
@@ -371,7 +372,11 @@ impl Gpu {
             .map(|&(binding, access)| wgpu::BindGroupEntry {
                 binding,
                 resource: match access {
-                    Access::Uniform => uniform.as_entire_binding(),
+                    Access::Uniform => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &slot.buffer,
+                        offset: slot.offset,
+                        size: wgpu::BufferSize::new(slot.size),
+                    }),
                     _ => storage
                         .next()
                         .expect("a buffer for every storage binding")
@@ -384,21 +389,24 @@ impl Gpu {
             layout: &p.layout,
             entries: &entries,
         });
-        let mut pending = self.pending.lock().unwrap();
-        let encoder = pending.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("forward"),
-                })
-        });
         let mut profiler = self.profiler.lock().unwrap();
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(k.name),
-            timestamp_writes: profiler.as_mut().and_then(|p| p.next(k.name)),
-        });
-        pass.set_pipeline(&p.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if let Some(timestamps) = profiler.as_mut().and_then(|p| p.next(k.name)) {
+            // a timed dispatch has a pass of its own, whose start and end the queries mark
+            let mut pass = recorder
+                .encoder(&self.device)
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(k.name),
+                    timestamp_writes: Some(timestamps),
+                });
+            pass.set_pipeline(&p.pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        } else {
+            let pass = recorder.pass(&self.device);
+            pass.set_pipeline(&p.pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
     }
 
     /// A pooled device buffer of at least `bytes` (sizes round up to powers of two, so a few
@@ -464,19 +472,19 @@ impl Gpu {
         if bytes == 0 {
             return;
         }
-        let mut pending = self.pending.lock().unwrap();
-        let encoder = pending.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("copy"),
-                })
-        });
-        encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
+        self.recorder
+            .lock()
+            .unwrap()
+            .encoder(&self.device)
+            .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
 
     /// Submits everything recorded so far.
     pub fn flush(&self) {
-        if let Some(mut encoder) = self.pending.lock().unwrap().take() {
+        // the recorder stays locked until the submission: the arena written for this encoder must
+        // not be overwritten by another thread's recording before its work is submitted
+        let mut recorder = self.recorder.lock().unwrap();
+        if let Some(mut encoder) = recorder.take(&self.queue) {
             let mut profiler = self.profiler.lock().unwrap();
             let timed = profiler.as_ref().is_some_and(|p| p.resolve(&mut encoder));
             self.queue.submit([encoder.finish()]);
@@ -488,7 +496,7 @@ impl Gpu {
 
     /// Drops the recorded work unrun (a cancelled or failed forward call).
     pub fn discard(&self) {
-        self.pending.lock().unwrap().take();
+        self.recorder.lock().unwrap().discard();
         if let Some(p) = self.profiler.lock().unwrap().as_mut() {
             p.forget();
         }

@@ -5,6 +5,7 @@
 //!   command encoder that a forward call records into, uploads and read-backs.
 //! - `weights`: GGUF tensors uploaded once in their block formats, split across bindings.
 //! - `ops`: one function per operation; each records a dispatch and returns at once.
+//! - `recorder`: the pending encoder, the compute pass its dispatches share, their parameters.
 //! - `profile`: timestamp queries per dispatch (where the adapter has them), for the bench.
 //! - `moe`: the mixture-of-experts FFN (routing, expert FFNs on the block-format expert tensors).
 //!
@@ -17,6 +18,7 @@ pub mod device;
 pub mod moe;
 pub mod ops;
 pub mod profile;
+pub mod recorder;
 pub mod recurrent;
 pub mod weights;
 
