@@ -223,10 +223,10 @@ impl Gpu {
                 .max_binding
                 .map_or(adapter_limit, |m| m.clamp(256, adapter_limit)),
             lanes: choice.lanes.unwrap_or(if software { 1 } else { 8 }),
-            limits,
             pipelines: Mutex::new(HashMap::new()),
             recorder: Mutex::new(Recorder::default()),
             uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment),
+            limits,
             profiler: Mutex::new(None),
             pool: Arc::new(Mutex::new(HashMap::new())),
             fused_fma: true,
@@ -392,12 +392,13 @@ impl Gpu {
         let mut profiler = self.profiler.lock().unwrap();
         if let Some(timestamps) = profiler.as_mut().and_then(|p| p.next(k.name)) {
             // a timed dispatch has a pass of its own, whose start and end the queries mark
-            let mut pass = recorder
-                .encoder(&self.device)
-                .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some(k.name),
-                    timestamp_writes: Some(timestamps),
-                });
+            let mut pass =
+                recorder
+                    .encoder(&self.device)
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some(k.name),
+                        timestamp_writes: Some(timestamps),
+                    });
             pass.set_pipeline(&p.pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);

@@ -65,12 +65,13 @@ impl Recorder {
         self.params.resize((start + size) as usize, 0);
         let index = (start / ARENA_BYTES) as usize;
         while self.arena.len() <= index {
-            self.arena.push(device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("uniform arena"),
-                size: ARENA_BYTES,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }));
+            self.arena
+                .push(device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("uniform arena"),
+                    size: ARENA_BYTES,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }));
         }
         ParamSlot {
             buffer: self.arena[index].clone(),
