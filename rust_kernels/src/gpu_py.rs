@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::gpu::ops::{self, AttentionSpec, CopySpec, Elementwise, Rope};
-use crate::gpu::{device, AdapterChoice, Gpu, GpuBuffer, GpuWeight};
+use crate::gpu::{adapter, AdapterChoice, Gpu, GpuBuffer, GpuWeight};
 use crate::{value_error, QMatrix};
 
 /// f32 values, or i32 ids/positions (both 4 bytes a value).
@@ -279,9 +279,11 @@ impl GpuDevice {
     /// Opens the best adapter: `backend` "vulkan" | "metal" | "dx12" (None: any), `adapter` a
     /// substring of its name, software adapters only with `allow_software`.
     /// `max_binding` lowers the bytes bound at once (tests split small tensors with it); `lanes`
-    /// (1 or 8) sets the threads per weight row of the matmul (default: 1 on software adapters).
+    /// (1 or 8) sets the threads per weight row of the matmul (default: 1 on software adapters);
+    /// `features` names the optional adapter features to use where the adapter has them and they
+    /// pass their probes ("subgroups", "f16"; None: all; [] none). The results are the same bits.
     #[new]
-    #[pyo3(signature = (backend=None, adapter=None, allow_software=false, max_binding=None, lanes=None))]
+    #[pyo3(signature = (backend=None, adapter=None, allow_software=false, max_binding=None, lanes=None, features=None))]
     fn new(
         py: Python<'_>,
         backend: Option<String>,
@@ -289,6 +291,7 @@ impl GpuDevice {
         allow_software: bool,
         max_binding: Option<u64>,
         lanes: Option<u32>,
+        features: Option<Vec<String>>,
     ) -> PyResult<Self> {
         if lanes.is_some_and(|l| l != 1 && l != 8) {
             return Err(value_error("lanes must be 1 or 8"));
@@ -299,6 +302,7 @@ impl GpuDevice {
             allow_software,
             max_binding,
             lanes,
+            features,
         };
         let gpu = py.detach(|| Gpu::open(&choice)).map_err(value_error)?;
         Ok(Self { gpu: Arc::new(gpu) })
@@ -308,7 +312,7 @@ impl GpuDevice {
     #[staticmethod]
     #[pyo3(signature = (backend=None))]
     fn adapters(py: Python<'_>, backend: Option<String>) -> PyResult<Vec<(String, bool)>> {
-        py.detach(|| device::list_adapters(backend.as_deref()))
+        py.detach(|| adapter::list_adapters(backend.as_deref()))
             .map_err(value_error)
     }
 
@@ -326,6 +330,12 @@ impl GpuDevice {
     #[getter]
     fn max_binding(&self) -> u64 {
         self.gpu.max_binding()
+    }
+
+    /// The optional adapter features the shaders use ("subgroups", "f16").
+    #[getter]
+    fn features(&self) -> Vec<&'static str> {
+        self.gpu.features().names()
     }
 
     /// Whether the adapter's `fma` rounds once; where not, the shaders compute it in integers.

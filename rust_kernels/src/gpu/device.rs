@@ -1,26 +1,13 @@
-//! Adapter selection, the device and its queue, pipelines, the buffer pool, the pending encoder.
+//! The device and its queue, pipelines, the buffer pool, the pending encoder.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
+use super::adapter::{self, describe, AdapterChoice};
+use super::features::{self, ShaderFeatures};
 use super::recorder::Recorder;
-
-/// How to pick an adapter.
-#[derive(Clone, Debug, Default)]
-pub struct AdapterChoice {
-    /// "vulkan", "metal", "dx12" (None: all of them, Vulkan preferred)
-    pub backend: Option<String>,
-    /// a substring of the adapter's name that must match (case-insensitive)
-    pub name: Option<String>,
-    /// also accept software adapters (lavapipe, WARP)
-    pub allow_software: bool,
-    /// bind at most this many bytes of a tensor at once (tests use it to split small tensors)
-    pub max_binding: Option<u64>,
-    /// threads per weight row in the matmul, 1 or 8 (default: by adapter type)
-    pub lanes: Option<u32>,
-}
 
 /// Access of one binding of a kernel, in binding order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,8 +41,8 @@ fn main() {
     bindings: &[(0, Access::ReadWrite), (1, Access::Uniform)],
 };
 
-/// Pipelines by kernel name and override constants.
-type PipelineCache = HashMap<(&'static str, Vec<(&'static str, u32)>), Arc<Pipeline>>;
+/// Pipelines by kernel name, then by override constants (a short list, searched without allocating).
+type PipelineCache = HashMap<&'static str, Vec<(Vec<(&'static str, u32)>, Arc<Pipeline>)>>;
 
 struct Pipeline {
     pipeline: wgpu::ComputePipeline,
@@ -106,99 +93,25 @@ pub struct Gpu {
     pool: Pool,
     /// whether the adapter's WGSL `fma` rounds once (math.wgsl's FUSED_FMA)
     fused_fma: bool,
+    /// the optional features the shaders use (features.rs)
+    features: ShaderFeatures,
     /// read-only tables uploaded once per device (by name)
     constants: Mutex<HashMap<&'static str, Arc<GpuBuffer>>>,
     /// bound where a kernel declares a binding that an operation does not use
     pub dummy: wgpu::Buffer,
 }
 
-fn backends(name: Option<&str>) -> Result<wgpu::Backends, String> {
-    Ok(match name.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("") | Some("auto") => {
-            wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12
-        }
-        Some("vulkan") => wgpu::Backends::VULKAN,
-        Some("metal") => wgpu::Backends::METAL,
-        Some("dx12") => wgpu::Backends::DX12,
-        Some(other) => {
-            return Err(format!(
-                "unknown wgpu backend {other:?} (vulkan, metal, dx12)"
-            ))
-        }
-    })
-}
-
-fn describe(info: &wgpu::AdapterInfo) -> String {
-    format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
-}
-
-/// Higher is better: hardware before software, discrete before integrated, Vulkan first.
-fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
-    let kind = match info.device_type {
-        wgpu::DeviceType::DiscreteGpu => 4,
-        wgpu::DeviceType::IntegratedGpu => 3,
-        wgpu::DeviceType::VirtualGpu => 2,
-        wgpu::DeviceType::Other => 1,
-        wgpu::DeviceType::Cpu => 0,
-    };
-    (kind, u8::from(info.backend == wgpu::Backend::Vulkan))
-}
-
-/// Every adapter wgpu finds on the given backends: (description, is software).
-pub fn list_adapters(backend: Option<&str>) -> Result<Vec<(String, bool)>, String> {
-    let instance = new_instance(backends(backend)?);
-    let adapters = pollster::block_on(instance.enumerate_adapters(backends(backend)?));
-    Ok(adapters
-        .iter()
-        .map(|a| {
-            let info = a.get_info();
-            (describe(&info), info.device_type == wgpu::DeviceType::Cpu)
-        })
-        .collect())
-}
-
-fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = backends;
-    wgpu::Instance::new(desc)
-}
-
 impl Gpu {
     /// Opens the best adapter that fits `choice`, or says what was found.
     pub fn open(choice: &AdapterChoice) -> Result<Gpu, String> {
-        let wanted = backends(choice.backend.as_deref())?;
-        let instance = new_instance(wanted);
-        let adapters = pollster::block_on(instance.enumerate_adapters(wanted));
-        let found: Vec<String> = adapters.iter().map(|a| describe(&a.get_info())).collect();
-        let name = choice.name.as_ref().map(|n| n.to_ascii_lowercase());
-        let best = adapters
-            .into_iter()
-            .filter(|a| {
-                let info = a.get_info();
-                (choice.allow_software || info.device_type != wgpu::DeviceType::Cpu)
-                    && name
-                        .as_ref()
-                        .is_none_or(|n| info.name.to_ascii_lowercase().contains(n))
-            })
-            .max_by_key(|a| rank(&a.get_info()));
-        let Some(adapter) = best else {
-            let seen = if found.is_empty() {
-                "none".to_string()
-            } else {
-                found.join("; ")
-            };
-            let soft = if choice.allow_software {
-                ""
-            } else {
-                " (software adapters excluded)"
-            };
-            return Err(format!("no GPU adapter fits{soft}; adapters found: {seen}"));
-        };
+        let adapter = adapter::pick(choice)?;
+        let offered = ShaderFeatures::offered(choice.features.as_deref(), &adapter)?;
         let info = adapter.get_info();
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("hyserve"),
-            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
+            required_features: (adapter.features() & wgpu::Features::TIMESTAMP_QUERY)
+                | offered.required(),
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -230,11 +143,30 @@ impl Gpu {
             profiler: Mutex::new(None),
             pool: Arc::new(Mutex::new(HashMap::new())),
             fused_fma: true,
+            features: ShaderFeatures::default(),
             constants: Mutex::new(HashMap::new()),
             dummy,
         };
         gpu.fused_fma = gpu.probe_fused_fma();
+        // each feature is probed with only itself on; the probes' pipelines are never used again
+        gpu.features = ShaderFeatures {
+            subgroups: offered.subgroups,
+            f16: false,
+        };
+        let subgroups = offered.subgroups && features::probe(&gpu, features::probe_subgroups);
+        gpu.features = ShaderFeatures {
+            subgroups: false,
+            f16: offered.f16,
+        };
+        let f16 = offered.f16 && features::probe(&gpu, features::probe_f16);
+        gpu.features = ShaderFeatures { subgroups, f16 };
         Ok(gpu)
+    }
+
+    /// The optional features in use (those asked for that the adapter has and that passed their
+    /// probes).
+    pub fn features(&self) -> ShaderFeatures {
+        self.features
     }
 
     /// Runs `fma(1 + 2^-12, 1 + 2^-12, -1)` on the device: 2^-11 + 2^-24 when fused, 2^-11 when the
@@ -282,12 +214,12 @@ impl Gpu {
     }
 
     fn pipeline(&self, k: &Kernel, constants: &[(&'static str, u32)]) -> Arc<Pipeline> {
-        let key = (k.name, constants.to_vec());
         let mut cache = self.pipelines.lock().unwrap();
-        if let Some(p) = cache.get(&key) {
+        let variants = cache.entry(k.name).or_default();
+        if let Some((_, p)) = variants.iter().find(|(c, _)| c == constants) {
             return p.clone();
         }
-        let source: String = k.sources.concat();
+        let source = features::preprocess(&k.sources.concat(), self.features);
         let wants_fma = source.contains("override FUSED_FMA");
         let module = self
             .device
@@ -345,7 +277,7 @@ impl Gpu {
                 cache: None,
             });
         let p = Arc::new(Pipeline { pipeline, layout });
-        cache.insert(key, p.clone());
+        variants.push((constants.to_vec(), p.clone()));
         p
     }
 
@@ -399,14 +331,9 @@ impl Gpu {
                         label: Some(k.name),
                         timestamp_writes: Some(timestamps),
                     });
-            pass.set_pipeline(&p.pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            record(&mut pass, &p, &bind_group, groups);
         } else {
-            let pass = recorder.pass(&self.device);
-            pass.set_pipeline(&p.pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            record(recorder.pass(&self.device), &p, &bind_group, groups);
         }
     }
 
@@ -531,4 +458,15 @@ impl Gpu {
         staging.unmap();
         data
     }
+}
+
+fn record(
+    pass: &mut wgpu::ComputePass,
+    p: &Pipeline,
+    bind_group: &wgpu::BindGroup,
+    groups: [u32; 3],
+) {
+    pass.set_pipeline(&p.pipeline);
+    pass.set_bind_group(0, bind_group, &[]);
+    pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
 }

@@ -1,7 +1,10 @@
 //! The GPU path: the model's operations as WGSL compute shaders (`shaders/`, one file per op
 //! family) run through wgpu on Vulkan, Metal or DX12.
 //!
-//! - `device`: adapter choice, the device, pipelines built once, pooled buffers, the one pending
+//! - `adapter`: which adapter to open (backends, ranking, the error naming what was found).
+//! - `features`: optional adapter features (subgroups, shader-f16), their probes, the shader
+//!   preprocessor that picks a variant.
+//! - `device`: the device, pipelines built once, pooled buffers, the one pending
 //!   command encoder that a forward call records into, uploads and read-backs.
 //! - `weights`: GGUF tensors uploaded once in their block formats, split across bindings.
 //! - `ops`: one function per operation; each records a dispatch and returns at once.
@@ -14,7 +17,9 @@
 //! Every kernel reduces in a fixed order with no float atomics, so results are deterministic and a
 //! row's result does not depend on the other rows of its batch.
 
+pub mod adapter;
 pub mod device;
+pub mod features;
 pub mod moe;
 pub mod ops;
 pub mod profile;
@@ -22,5 +27,6 @@ pub mod recorder;
 pub mod recurrent;
 pub mod weights;
 
-pub use device::{AdapterChoice, Gpu, GpuBuffer};
+pub use adapter::AdapterChoice;
+pub use device::{Gpu, GpuBuffer};
 pub use weights::GpuWeight;

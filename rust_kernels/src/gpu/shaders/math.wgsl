@@ -253,8 +253,19 @@ fn sqrt_rn(v: f32) -> f32 {
     return round_to_f32(vec2<u32>(0u, s), (e - 26) / 2 - 1, false);
 }
 
-// The bits of the f16 nearest to v (ties to even, overflow to infinity, f16 subnormals kept)
+// The bits of the f16 nearest to v (ties to even, overflow to infinity, f16 subnormals kept): the
+// hardware's conversion where the adapter has shader-f16 and it passed its probe (features.rs),
+// else in integers.
 fn f16_bits(v: f32) -> u32 {
+//#if f16
+    // the rounding is f16(v); packing a value that is already an f16 is exact
+    return pack2x16float(vec2<f32>(f32(f16(v)), 0.0)) & 0xffffu;
+//#else
+    return f16_bits_soft(v);
+//#endif
+}
+
+fn f16_bits_soft(v: f32) -> u32 {
     let b = bitcast<u32>(v);
     let sign = (b >> 16u) & 0x8000u;
     let a = b & 0x7fffffffu;

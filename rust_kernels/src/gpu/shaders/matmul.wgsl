@@ -106,7 +106,13 @@ fn hsum8_at(a: ptr<function, array<f32, 64>>, o: u32) -> f32 {
 }
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+//#if subgroups
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+//#endif
+) {
     let per = 8u / LANES;  // lanes this thread runs
     let lane0 = (lid % LANES) * per;
     let r = (wg.x + wg.y * p.groups_x) * (64u / LANES) + lid / LANES;
@@ -269,7 +275,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
     if LANES > 1u {
-        // one lane per thread: gather the row's eight lanes in workgroup memory for lane 0
+        // one lane per thread: gather the row's eight lanes for lane 0, by subgroup shuffles where
+        // the adapter has them (a row's eight threads share a subgroup: features.rs probes it),
+        // else through workgroup memory
+//#if subgroups
+        let first = sg_lane - sg_lane % 8u;
+        for (var b = 0u; b < TILE; b++) {
+            let own_acc = acc[8u * b];
+            let own_min = mins[8u * b];
+            for (var kk = 0u; kk < 8u; kk++) {
+                acc[8u * b + kk] = subgroupShuffle(own_acc, first + kk);
+                mins[8u * b + kk] = subgroupShuffle(own_min, first + kk);
+            }
+        }
+//#else
         for (var b = 0u; b < TILE; b++) {
             lanes_acc[b * 64u + lid] = acc[8u * b];
             lanes_min[b * 64u + lid] = mins[8u * b];
@@ -283,6 +302,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             }
         }
+//#endif
     }
     if lane0 == 0u && live {
         for (var b = 0u; b < TILE; b++) {

@@ -1,4 +1,7 @@
-"""Choosing the device: `--device cpu|gpu|auto`, `--gpu-backend` / HYSERVE_WGPU_BACKEND, `--gpu-adapter`.
+"""Choosing the device: `--device cpu|gpu|auto`, `--gpu-backend` / HYSERVE_WGPU_BACKEND, `--gpu-adapter`,
+HYSERVE_WGPU_FEATURES (the optional adapter features the shaders may use: "subgroups", "f16"; a
+comma list, "none", or unset / "all" for every one the adapter has; same bits either way, so it is
+a switch for working around a driver, not a setting to tune).
 
 - cpu: the SIMD kernels.
 - gpu: the best wgpu adapter: a hardware one if there is one, else a software adapter (Mesa's
@@ -21,6 +24,18 @@ log = structlog.get_logger(__name__)
 
 DEVICES = ("cpu", "gpu", "auto")
 BACKEND_ENV = "HYSERVE_WGPU_BACKEND"
+FEATURES_ENV = "HYSERVE_WGPU_FEATURES"
+
+
+def features_from_env() -> list[str] | None:
+    """HYSERVE_WGPU_FEATURES as `GpuDevice(features=...)` takes it: None for all (unset, empty,
+    "all"), [] for "none", else the names (the device refuses unknown ones)."""
+    value = os.environ.get(FEATURES_ENV, "").strip().lower()
+    if value in ("", "all"):
+        return None
+    if value == "none":
+        return []
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def add_device_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,15 +66,17 @@ def open_backend(device: str = "cpu", gpu_backend: str | None = None, gpu_adapte
     from hyserve.model.backend.gpu import GpuBackend
 
     backend = gpu_backend or os.environ.get(BACKEND_ENV) or None
+    features = features_from_env()
     try:
-        return GpuBackend(hk.GpuDevice(backend, gpu_adapter, allow_software=False))
+        gpu = GpuBackend(hk.GpuDevice(backend, gpu_adapter, allow_software=False, features=features))
     except ValueError as hardware_error:
         if device == "auto":
             log.info("device_auto_cpu", reason=str(hardware_error))
             return CPU
         try:
-            gpu = GpuBackend(hk.GpuDevice(backend, gpu_adapter, allow_software=True))
+            gpu = GpuBackend(hk.GpuDevice(backend, gpu_adapter, allow_software=True, features=features))
         except ValueError as exc:
             raise DeviceError(str(exc)) from None
         log.warning("gpu_software_adapter", adapter=gpu.description, note="a software adapter: correct, not fast")
-        return gpu
+    log.info("gpu_device", adapter=gpu.description, features=gpu.device.features)
+    return gpu
