@@ -48,7 +48,14 @@ def test_features_in_use_are_reported_and_chosen_by_name() -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(None, None), ("", None), ("all", None), ("none", []), ("f16", ["f16"]), (" subgroups , f16 ", ["subgroups", "f16"])],
+    [
+        (None, None),
+        ("", None),
+        ("all", None),
+        ("none", []),
+        ("f16", ["f16"]),
+        (" subgroups , f16 ", ["subgroups", "f16"]),
+    ],
 )
 def test_features_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str | None, expected) -> None:
     if value is None:

@@ -175,36 +175,27 @@ mod tests {
         SpmVocab::new(table(&texts), &scores, [Some(0); 256]).unwrap()
     }
 
+    /// "?", "a", "b", "c" and the two pairs "ab", "bc" with the given scores (ids 4 and 5).
+    fn abc_vocab(ab: f32, bc: f32) -> SpmVocab {
+        vocab(&[
+            ("?", 0.0),
+            ("a", 0.0),
+            ("b", 0.0),
+            ("c", 0.0),
+            ("ab", ab),
+            ("bc", bc),
+        ])
+    }
+
     #[test]
     fn merges_by_score_then_leftmost() {
         // "ab" outscores "bc": "abc" -> ab + c; equal scores -> the left pair wins
-        let v = vocab(&[
-            ("?", 0.0),
-            ("a", 0.0),
-            ("b", 0.0),
-            ("c", 0.0),
-            ("ab", 2.0),
-            ("bc", 1.0),
-        ]);
-        assert_eq!(v.encode("abc").unwrap(), (vec![4, 3], vec![0, 2]));
-        let v = vocab(&[
-            ("?", 0.0),
-            ("a", 0.0),
-            ("b", 0.0),
-            ("c", 0.0),
-            ("ab", 1.0),
-            ("bc", 1.0),
-        ]);
-        assert_eq!(v.encode("abc").unwrap().0, vec![4, 3]);
-        let v = vocab(&[
-            ("?", 0.0),
-            ("a", 0.0),
-            ("b", 0.0),
-            ("c", 0.0),
-            ("ab", 1.0),
-            ("bc", 2.0),
-        ]);
-        assert_eq!(v.encode("abc").unwrap().0, vec![1, 5]);
+        assert_eq!(
+            abc_vocab(2.0, 1.0).encode("abc").unwrap(),
+            (vec![4, 3], vec![0, 2])
+        );
+        assert_eq!(abc_vocab(1.0, 1.0).encode("abc").unwrap().0, vec![4, 3]);
+        assert_eq!(abc_vocab(1.0, 2.0).encode("abc").unwrap().0, vec![1, 5]);
     }
 
     #[test]
