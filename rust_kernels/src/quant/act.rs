@@ -35,7 +35,53 @@ pub enum Activations {
     },
 }
 
+/// Activation rows `r0 .. r0+R` of one format as slices, resolved once and then dotted with many
+/// weight rows (a decode step's weight stream); `acts` / `r0` serve the portable path.
+pub struct ActRows<'a, const R: usize> {
+    pub acts: &'a Activations,
+    pub r0: usize,
+    pub rows: RowSlices<'a, R>,
+}
+
+pub enum RowSlices<'a, const R: usize> {
+    F32([&'a [f32]; R]),
+    F16([&'a [u16]; R]),
+    BF16([&'a [u16]; R]),
+    Q8_0([&'a [BlockQ8_0]; R]),
+    Q8_1([&'a [BlockQ8_1]; R]),
+    Q8K([&'a [BlockQ8K]; R]),
+}
+
 impl Activations {
+    /// Rows `r0 .. r0+R` as slices (see `ActRows`).
+    pub fn rows<const R: usize>(&self, r0: usize) -> ActRows<'_, R> {
+        let rows = match self {
+            Self::F32 { data, n } => {
+                RowSlices::F32(std::array::from_fn(|i| row_of(data, *n, r0 + i)))
+            }
+            Self::F16 { data, n } => {
+                RowSlices::F16(std::array::from_fn(|i| row_of(data, *n, r0 + i)))
+            }
+            Self::BF16 { data, n } => {
+                RowSlices::BF16(std::array::from_fn(|i| row_of(data, *n, r0 + i)))
+            }
+            Self::Q8_0 { blocks, per_row } => {
+                RowSlices::Q8_0(std::array::from_fn(|i| row_of(blocks, *per_row, r0 + i)))
+            }
+            Self::Q8_1 { blocks, per_row } => {
+                RowSlices::Q8_1(std::array::from_fn(|i| row_of(blocks, *per_row, r0 + i)))
+            }
+            Self::Q8K { blocks, per_row } => {
+                RowSlices::Q8K(std::array::from_fn(|i| row_of(blocks, *per_row, r0 + i)))
+            }
+        };
+        ActRows {
+            acts: self,
+            r0,
+            rows,
+        }
+    }
+
     pub fn q8_0_row(&self, r: usize) -> &[BlockQ8_0] {
         match self {
             Self::Q8_0 { blocks, per_row } => &blocks[r * per_row..(r + 1) * per_row],
@@ -187,4 +233,8 @@ pub fn quantize_q8k_scalar(x: &[f32]) -> BlockQ8K {
     b.psums = std::array::from_fn(|k| b.bsums[2 * k] + b.bsums[2 * k + 1]);
     b.d = 1.0 / iscale;
     b
+}
+
+fn row_of<T>(data: &[T], per_row: usize, r: usize) -> &[T] {
+    &data[r * per_row..(r + 1) * per_row]
 }

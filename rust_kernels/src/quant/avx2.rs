@@ -4,6 +4,7 @@
 //! into an 8-lane float accumulator in block order, reduced once at the end. The order depends
 //! only on the row length, never on the batch.
 
+use super::act::RowSlices;
 use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1};
 use super::{Activations, GgmlType};
 use std::arch::x86_64::*;
@@ -63,54 +64,38 @@ pub unsafe fn vec_dot_rows<const R: usize>(
     acts: &Activations,
     r0: usize,
 ) -> [f32; R] {
-    match (t, acts) {
-        (GgmlType::F32, Activations::F32 { data, n }) => {
-            std::array::from_fn(|i| dot_f32(w, &data[(r0 + i) * n..(r0 + i + 1) * n]))
-        }
-        (GgmlType::F16, Activations::F16 { data, n }) => {
-            std::array::from_fn(|i| dot_f16(w, &data[(r0 + i) * n..(r0 + i + 1) * n]))
-        }
-        (GgmlType::BF16, Activations::BF16 { data, n }) => {
-            std::array::from_fn(|i| dot_bf16(w, &data[(r0 + i) * n..(r0 + i + 1) * n]))
-        }
-        (GgmlType::Q8_0, Activations::Q8_0 { .. }) if R == 1 => {
-            dot_q8_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
-        }
-        (GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
-            dot_q8_0_rows::<R>(w, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
-        }
-        (GgmlType::Q4_0, Activations::Q8_0 { .. }) => {
-            dot_q4_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
-        }
-        (GgmlType::Q5_0, Activations::Q8_0 { .. }) => {
-            dot_q5_0::<1, R>([w], std::array::from_fn(|i| acts.q8_0_row(r0 + i)))[0]
-        }
-        (GgmlType::Q4_1, Activations::Q8_1 { .. }) => {
-            dot_q4_1::<R>(w, std::array::from_fn(|i| acts.q8_1_row(r0 + i)))
-        }
-        (GgmlType::Q5_1, Activations::Q8_1 { .. }) => {
-            dot_q5_1::<R>(w, std::array::from_fn(|i| acts.q8_1_row(r0 + i)))
-        }
+    vec_dot_act_rows::<R>(t, w, &acts.rows::<R>(r0).rows)
+}
+
+/// One weight row against activation rows already resolved to slices (`Activations::rows`),
+/// bit-identical to R calls of `vec_dot`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vec_dot_act_rows<const R: usize>(
+    t: GgmlType,
+    w: &[u8],
+    ys: &RowSlices<R>,
+) -> [f32; R] {
+    match (t, ys) {
+        (GgmlType::F32, RowSlices::F32(a)) => a.map(|a| dot_f32(w, a)),
+        (GgmlType::F16, RowSlices::F16(a)) => a.map(|a| dot_f16(w, a)),
+        (GgmlType::BF16, RowSlices::BF16(a)) => a.map(|a| dot_bf16(w, a)),
+        (GgmlType::Q8_0, RowSlices::Q8_0(ys)) if R == 1 => dot_q8_0::<1, R>([w], *ys)[0],
+        (GgmlType::Q8_0, RowSlices::Q8_0(ys)) => dot_q8_0_rows::<R>(w, *ys),
+        (GgmlType::Q4_0, RowSlices::Q8_0(ys)) => dot_q4_0::<1, R>([w], *ys)[0],
+        (GgmlType::Q5_0, RowSlices::Q8_0(ys)) => dot_q5_0::<1, R>([w], *ys)[0],
+        (GgmlType::Q4_1, RowSlices::Q8_1(ys)) => dot_q4_1::<R>(w, *ys),
+        (GgmlType::Q5_1, RowSlices::Q8_1(ys)) => dot_q5_1::<R>(w, *ys),
         // One row keeps the tile kernels' code; several rows take the kernels that do each row's
         // scale work as vector products and read the precomputed sub-block sums.
-        (GgmlType::Q4K, Activations::Q8K { .. }) if R == 1 => {
-            dot_q45k::<false, 1, R>([w], std::array::from_fn(|i| acts.q8k_row(r0 + i)))[0]
-        }
-        (GgmlType::Q5K, Activations::Q8K { .. }) if R == 1 => {
-            dot_q45k::<true, 1, R>([w], std::array::from_fn(|i| acts.q8k_row(r0 + i)))[0]
-        }
-        (GgmlType::Q6K, Activations::Q8K { .. }) if R == 1 => {
-            dot_q6k::<1, R>([w], std::array::from_fn(|i| acts.q8k_row(r0 + i)))[0]
-        }
-        (GgmlType::Q4K, Activations::Q8K { .. }) => {
-            dot_q45k_rows::<false, R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
-        }
-        (GgmlType::Q5K, Activations::Q8K { .. }) => {
-            dot_q45k_rows::<true, R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
-        }
-        (GgmlType::Q6K, Activations::Q8K { .. }) => {
-            dot_q6k_rows::<R>(w, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
-        }
+        (GgmlType::Q4K, RowSlices::Q8K(ys)) if R == 1 => dot_q45k::<false, 1, R>([w], *ys)[0],
+        (GgmlType::Q5K, RowSlices::Q8K(ys)) if R == 1 => dot_q45k::<true, 1, R>([w], *ys)[0],
+        (GgmlType::Q6K, RowSlices::Q8K(ys)) if R == 1 => dot_q6k::<1, R>([w], *ys)[0],
+        (GgmlType::Q4K, RowSlices::Q8K(ys)) => dot_q45k_rows::<false, R>(w, *ys),
+        (GgmlType::Q5K, RowSlices::Q8K(ys)) => dot_q45k_rows::<true, R>(w, *ys),
+        (GgmlType::Q6K, RowSlices::Q8K(ys)) => dot_q6k_rows::<R>(w, *ys),
         _ => panic!("activation format does not match weight type {t:?}"),
     }
 }

@@ -16,7 +16,7 @@ pub mod kquants;
 pub mod legacy;
 
 use crate::simd;
-pub use act::Activations;
+pub use act::{ActRows, Activations, RowSlices};
 
 /// ggml type ids as stored in GGUF.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +145,18 @@ pub fn vec_dot_rows<const R: usize>(
         return unsafe { avx2::vec_dot_rows::<R>(t, w, acts, r0) };
     }
     std::array::from_fn(|i| vec_dot_scalar(t, w, acts, r0 + i))
+}
+
+/// One weight row against activation rows resolved once (`Activations::rows`), for the many weight
+/// rows of a decode step's stream; bit-identical to R calls of `vec_dot`.
+#[inline]
+pub fn vec_dot_act_rows<const R: usize>(t: GgmlType, w: &[u8], ys: &ActRows<R>) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    if simd::use_avx2() {
+        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::vec_dot_act_rows::<R>(t, w, &ys.rows) };
+    }
+    std::array::from_fn(|i| vec_dot_scalar(t, w, ys.acts, ys.r0 + i))
 }
 
 /// True when `vec_dot_tile` has a fused kernel for `t` on this CPU's path.
