@@ -1,9 +1,11 @@
 """GPU path vs CPU path, teacher-forced: mean KL(CPU || GPU), top-1 agreement (raw, and up to
 near-ties of the CPU's logits) and bit-identity, on the fixtures of tests/test_gpu_models.py and
 tests/test_gpu_hybrid_models.py and on Gemma 3 270M. Prints a Markdown table and writes
-bench/results/gpu_agreement.json.
+bench/results/gpu_agreement.json. `--matrix`: instead, every fixture architecture in every weight
+format the fixtures make (f32, f16, q8_0, Q4_K_M and Q6_K quantized by llama.cpp; the cases of
+tests/test_gpu_matrix.py), written to bench/results/gpu_agreement_matrix.json.
 
-    python bench/gpu_agreement.py [--adapter NAME]
+    python bench/gpu_agreement.py [--adapter NAME] [--matrix]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ sys.path.insert(0, str(TESTS))
 
 from fixtures import make_models  # noqa: E402
 from test_gpu_hybrid_models import CASES as HYBRID_CASES  # noqa: E402
+from test_gpu_matrix import MATRIX_CASES  # noqa: E402
 from test_gpu_models import CASES, TEXT  # noqa: E402
 
 from hyserve.logging_setup import configure_logging  # noqa: E402
@@ -51,24 +54,28 @@ def compare(name: str, cpu, gpu_arch, tokens: list[int]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--adapter", default=None)
+    p.add_argument("--matrix", action="store_true", help="every fixture architecture x every weight format")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
     configure_logging()  # logs go to stderr: stdout carries only the JSON
     gpu = open_backend("gpu", gpu_adapter=args.adapter)
     rows = []
+    cases = MATRIX_CASES if args.matrix else CASES + HYBRID_CASES
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (arch, qtype, kw) in enumerate(CASES + HYBRID_CASES):
+        for i, (arch, qtype, kw) in enumerate(cases):
             path = make_models.write_model(Path(tmp) / f"{i}-{arch}-{qtype}.gguf", arch, qtype=qtype, **kw)
             cpu = load_model(path)
-            name = f"{arch} {qtype}" + (f" {kw}" if i >= len(CASES) and kw else "")
+            name = f"{arch} {qtype}" + (f" {kw}" if not args.matrix and i >= len(CASES) and kw else "")
             rows.append(compare(name, cpu, ARCHITECTURES[arch](GGUFFile.open(path), gpu), cpu.tokenizer.encode(TEXT)))
-    gemma = load_model("default")
-    gemma_gpu = ARCHITECTURES["gemma3"](gemma.gguf, gpu)
-    for text in GEMMA_PROMPTS:
-        rows.append(compare("Gemma 3 270M Q4_K_M", gemma, gemma_gpu, gemma.tokenizer.encode(text)))
-    result = {"adapter": gpu.description, "cases": rows}
+    if not args.matrix:
+        gemma = load_model("default")
+        gemma_gpu = ARCHITECTURES["gemma3"](gemma.gguf, gpu)
+        for text in GEMMA_PROMPTS:
+            rows.append(compare("Gemma 3 270M Q4_K_M", gemma, gemma_gpu, gemma.tokenizer.encode(text)))
+    result = {"adapter": gpu.description, "features": gpu.device.features, "cases": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_agreement.json").write_text(json.dumps(result, indent=2) + "\n")
+    name = "gpu_agreement_matrix.json" if args.matrix else "gpu_agreement.json"
+    (args.out / name).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     # the README's table, for a person reading the run
     print(f"adapter: {gpu.description}\n", file=sys.stderr)
