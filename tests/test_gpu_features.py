@@ -17,8 +17,6 @@ from hyserve.model.backend.select import FEATURES_ENV, features_from_env
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.loader import ARCHITECTURES
 
-TEXT = "The quick brown fox jumps over the lazy dog; def f(x):\n    return x * 2\n" * 2
-
 
 def open_device(**kw) -> hk.GpuDevice:
     try:

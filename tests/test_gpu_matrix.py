@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from fixtures import make_models
-from test_gpu_models import TEXT, assert_close_to_cpu, fresh
+from test_gpu_hybrid_models import CASES as HYBRID_CASES
+from test_gpu_models import CASES, TEXT, assert_close_to_cpu, fresh
 
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.loader import ARCHITECTURES, load_model
@@ -18,9 +19,11 @@ from hyserve.model.loader import ARCHITECTURES, load_model
 _K_SHAPE = {"embd": 256, "ff": 512, "head_dim": 64}
 MATRIX_QTYPES: dict[str, dict] = {"f32": {}, "f16": {}, "q8_0": {}, "q4_k_m": _K_SHAPE, "q6_k": _K_SHAPE}
 MATRIX_CASES = [(arch, qtype, kw) for arch in make_models.ARCHES for qtype, kw in MATRIX_QTYPES.items()]
+# the cases test_gpu_models / test_gpu_hybrid_models already check (at several prompt lengths)
+UNCOVERED = [case for case in MATRIX_CASES if case not in CASES + HYBRID_CASES]
 
 
-@pytest.mark.parametrize(("arch", "qtype", "kw"), MATRIX_CASES, ids=[f"{a}-{q}" for a, q, _ in MATRIX_CASES])
+@pytest.mark.parametrize(("arch", "qtype", "kw"), UNCOVERED, ids=[f"{a}-{q}" for a, q, _ in UNCOVERED])
 def test_every_architecture_and_format_agrees_with_the_cpu(tmp_path: Path, gpu_backend, arch, qtype, kw) -> None:
     path = make_models.write_model(tmp_path / f"{arch}-{qtype}.gguf", arch, qtype=qtype, **kw)
     cpu = load_model(path)

@@ -87,6 +87,18 @@ fn score<const AVX: bool>(q: &[f32], k: &[u16]) -> f32 {
     hsum8(&lanes)
 }
 
+/// `score` of N keys: on AVX2 their FMA chains interleave (one chain alone waits on the FMA
+/// latency); each key's own order, hence its bits, is `score`'s.
+#[inline(always)]
+fn scores<const AVX: bool, const N: usize>(q: &[f32], ks: [&[u16]; N]) -> [f32; N] {
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        // SAFETY: as in `score`.
+        return unsafe { avx2::scores(q, ks) };
+    }
+    ks.map(|k| score::<AVX>(q, k))
+}
+
 /// `acc += p * v` (vectorised across head dims); `p·v` is exact, so both paths round identically.
 #[inline(always)]
 fn accumulate<const AVX: bool>(acc: &mut [f32], p: f32, v: &[u16]) {
@@ -123,20 +135,15 @@ fn head<const AVX: bool>(q: &[f32], k: &[u16], v: &[u16], keys: Keys, o: &mut [f
     let hd = q.len();
     let qh: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
     let key = |j: usize| j * kv_row + kv_off;
+    let key_row = |j: usize| &k[key(j)..key(j) + hd];
     let mut p: Vec<f32> = Vec::with_capacity(last + 1 - first);
     let mut j = first;
-    #[cfg(target_arch = "x86_64")]
-    if AVX {
-        // four keys at a time: four independent FMA chains instead of one (each key's own order
-        // is unchanged, so are its bits)
-        while j + 4 <= last + 1 {
-            let keys: [&[u16]; 4] = std::array::from_fn(|i| &k[key(j + i)..key(j + i) + hd]);
-            // SAFETY: as in `score`.
-            p.extend(unsafe { avx2::scores(&qh, keys) }.map(|x| x * kq_scale));
-            j += 4;
-        }
+    while j + 4 <= last + 1 {
+        let four = scores::<AVX, 4>(&qh, std::array::from_fn(|i| key_row(j + i)));
+        p.extend(four.map(|x| x * kq_scale));
+        j += 4;
     }
-    p.extend((j..=last).map(|j| score::<AVX>(&qh, &k[key(j)..key(j) + hd]) * kq_scale));
+    p.extend((j..=last).map(|j| score::<AVX>(&qh, key_row(j)) * kq_scale));
     let max = p.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     for x in p.iter_mut() {
         *x = expf_ggml(*x - max);
@@ -180,7 +187,6 @@ mod avx2 {
         scores::<1>(q, [k])[0]
     }
 
-    /// `score` of N keys, their FMA chains interleaved (one chain alone waits on the FMA latency).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scores<const N: usize>(q: &[f32], ks: [&[u16]; N]) -> [f32; N] {

@@ -52,8 +52,9 @@ fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
 
 /// Every adapter wgpu finds on the given backends: (description, is software).
 pub fn list_adapters(backend: Option<&str>) -> Result<Vec<(String, bool)>, String> {
-    let instance = new_instance(backends(backend)?);
-    let adapters = pollster::block_on(instance.enumerate_adapters(backends(backend)?));
+    let wanted = backends(backend)?;
+    let instance = new_instance(wanted);
+    let adapters = pollster::block_on(instance.enumerate_adapters(wanted));
     Ok(adapters
         .iter()
         .map(|a| {

@@ -84,19 +84,19 @@ impl Activations {
 
     pub fn q8_0_row(&self, r: usize) -> &[BlockQ8_0] {
         match self {
-            Self::Q8_0 { blocks, per_row } => &blocks[r * per_row..(r + 1) * per_row],
+            Self::Q8_0 { blocks, per_row } => row_of(blocks, *per_row, r),
             _ => unreachable!(),
         }
     }
     pub fn q8_1_row(&self, r: usize) -> &[BlockQ8_1] {
         match self {
-            Self::Q8_1 { blocks, per_row } => &blocks[r * per_row..(r + 1) * per_row],
+            Self::Q8_1 { blocks, per_row } => row_of(blocks, *per_row, r),
             _ => unreachable!(),
         }
     }
     pub fn q8k_row(&self, r: usize) -> &[BlockQ8K] {
         match self {
-            Self::Q8K { blocks, per_row } => &blocks[r * per_row..(r + 1) * per_row],
+            Self::Q8K { blocks, per_row } => row_of(blocks, *per_row, r),
             _ => unreachable!(),
         }
     }
