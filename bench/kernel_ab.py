@@ -1,4 +1,4 @@
-"""A/B two builds of the kernel wheel on batched decode steps, in one run.
+"""A/B two builds of the kernel wheel on batched decode steps (or prompts), in one run.
 
 Each build runs in its own worker process (`--a`/`--b`: a directory holding an unpacked
 `hyserve_kernels`, or "" for the installed one), both load the model and hold k sequences with a
@@ -7,6 +7,9 @@ alternate between the two processes, so the machine's background load hits both 
 the median step time of each build and b / a.
 
     python bench/kernel_ab.py --a "" --b /tmp/hk_new [--model default] [--ks 1 2 4 8 16]
+
+`--prompts 512 4096` times whole prompts instead (one forward of that many tokens on a fresh memory
+per sample; `--block` samples per turn).
 """
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ held = {}
 print("ready", flush=True)
 for line in sys.stdin:
     k, n = map(int, line.split())
+    if k < 0:  # a prompt of -k tokens, n times, each on a fresh memory
+        ids = np.asarray([(7 * i) % 20000 + 100 for i in range(-k)], np.int32)
+        times = []
+        for _ in range(n):
+            mem = arch.new_memory(-k + 8)
+            t0 = time.perf_counter()
+            arch.forward([Segment(mem, ids, Logits.LAST)])
+            times.append(time.perf_counter() - t0)
+        print(json.dumps(times), flush=True)
+        continue
     if k not in held:
         mems = [arch.new_memory(4096) for _ in range(k)]
         nxt = [int(np.argmax(arch.forward([Segment(m, np.asarray(prompt[i:] + prompt[:i], np.int32))])[0]))
@@ -80,21 +93,23 @@ def main() -> None:
     ap.add_argument("--b", required=True)
     ap.add_argument("--model", default="default")
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--prompts", type=int, nargs="*", default=[], help="prompt lengths to time instead of --ks")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--block", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     procs = {"a": start(args.a, args.model, args.threads), "b": start(args.b, args.model, args.threads)}
     result = {"a": args.a or "installed", "b": args.b, "load_before": os.getloadavg(), "runs": []}
-    for k in args.ks:
+    for k in [-p for p in args.prompts] or args.ks:
         times: dict[str, list[float]] = {name: [] for name in procs}
         for proc in procs.values():
-            steps(proc, k, 2)  # warm-up
+            steps(proc, k, 1 if k < 0 else 2)  # warm-up
         for _ in range(args.rounds):
             for name, proc in procs.items():
                 times[name] += steps(proc, k, args.block)
         med = {name: 1e3 * statistics.median(v) for name, v in times.items()}
-        result["runs"].append({"k": k, "step_ms": med, "b_over_a": med["b"] / med["a"]})
+        key = {"prompt": -k} if k < 0 else {"k": k}
+        result["runs"].append({**key, "step_ms": med, "b_over_a": med["b"] / med["a"]})
         print(json.dumps(result["runs"][-1]), file=sys.stderr, flush=True)
     result["load_after"] = os.getloadavg()
     for proc in procs.values():

@@ -1,7 +1,7 @@
 //! Time one weight matrix against m activation rows (a decode step of m sequences) on the kernel
 //! pool, for the multi-row decode path. Random quants, sane scales, weights bigger than the caches.
 //!
-//! `cargo run --release --example decode_matmul -- Q8_0 262144 640 [threads]`
+//! `cargo run --release --example decode_matmul -- Q8_0 262144 640 [threads [reps [m,m,..]]]`
 //! prints per m: median ms of `--reps` calls and the ratio to m = 1.
 
 use _native::matmul::{matmul_many, Weight};
@@ -87,7 +87,10 @@ fn main() {
         rows,
         cols,
     };
-    let ms = [1usize, 2, 3, 4, 8, 16];
+    // Optional 6th argument: the m values, comma-separated (e.g. 512 for a prompt's tiles).
+    let ms: Vec<usize> = args.get(6).map_or(vec![1, 2, 3, 4, 8, 16], |s| {
+        s.split(',').map(|v| v.parse().unwrap()).collect()
+    });
     let mut base = 0.0;
     for &m in &ms {
         let x: Vec<f32> = (0..m * cols)
@@ -104,7 +107,7 @@ fn main() {
         let cpu = (cpu_ms() - c0) / reps as f64;
         times.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let med = times[reps / 2];
-        if m == 1 {
+        if base == 0.0 {
             base = med;
         }
         let blocks = (rows * cols / t.block_len() * m) as f64;
