@@ -376,6 +376,29 @@ def test_attention_paths_are_bit_identical() -> None:
     np.testing.assert_array_equal(hk.attention(q, k.view(np.uint16), v.view(np.uint16), pos, 16), scalar)
 
 
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(8, 1, 72), (8, 2, 64), (6, 3, 40), (4, 4, 24), (4, 1, 256)])
+def test_grouped_heads_give_each_head_its_own_bits(n_head: int, n_kv: int, hd: int) -> None:
+    """Query heads sharing a KV head are computed together (4 or 2 per work item when there are
+    enough rows, one alone otherwise); each head's bits equal the scalar one-head loop's, for a
+    whole prompt and for each of its rows alone (where the grouping differs)."""
+    rng = np.random.default_rng(n_head * hd + n_kv)
+    ctx = 37
+    k = rng.standard_normal((ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((ctx, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((ctx, n_head, hd)).astype(np.float32)
+    pos = np.arange(ctx, dtype=np.int32)
+    ku, vu = k.view(np.uint16), v.view(np.uint16)
+    for window in (0, 11):
+        try:
+            hk.set_force_scalar(True)
+            scalar = hk.attention(q, ku, vu, pos, window)
+        finally:
+            hk.set_force_scalar(False)
+        np.testing.assert_array_equal(hk.attention(q, ku, vu, pos, window), scalar)
+        for i in (0, 8, 17, ctx - 1):
+            np.testing.assert_array_equal(hk.attention(q[i : i + 1], ku, vu, pos[i : i + 1], window)[0], scalar[i])
+
+
 def test_cancel_flag_stops_a_matmul_and_is_per_flag() -> None:
     w, _, x = weight_and_input(Q.Q5_0, 300, 96, 8)
     mine, other = hk.CancelFlag(), hk.CancelFlag()

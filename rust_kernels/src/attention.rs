@@ -72,47 +72,32 @@ pub(crate) fn expf_ggml(x: f32) -> f32 {
     }
 }
 
-/// Score of one key: 8 lanes over head dims (lane = dim % 8), then `hsum8`.
+/// Scores of N keys for G query heads: `out[g][n]` sums `qs[g]·ks[n]` in 8 lanes over head dims
+/// (lane = dim % 8), then `hsum8`. On AVX2 the G·N FMA chains interleave (one chain alone waits on
+/// the FMA latency) and each key's f16 conversion serves all G heads; every score's own order,
+/// hence its bits, is the same for any G and N.
 #[inline(always)]
-fn score<const AVX: bool>(q: &[f32], k: &[u16]) -> f32 {
+fn scores<const AVX: bool, const G: usize, const N: usize>(
+    qs: [&[f32]; G],
+    ks: [&[u16]; N],
+) -> [[f32; N]; G] {
     #[cfg(target_arch = "x86_64")]
     if AVX {
         // SAFETY: AVX is only true inside the avx2 wrapper, which the caller enables after detection.
-        return unsafe { avx2::score(q, k) };
+        return unsafe { avx2::scores(qs, ks) };
     }
-    let mut lanes = [0.0f32; 8];
-    for (i, (&a, &b)) in q.iter().zip(k).enumerate() {
-        lanes[i % 8] += a * f16_to_f32(b);
-    }
-    hsum8(&lanes)
+    qs.map(|q| {
+        ks.map(|k| {
+            let mut lanes = [0.0f32; 8];
+            for (i, (&a, &b)) in q.iter().zip(k).enumerate() {
+                lanes[i % 8] += a * f16_to_f32(b);
+            }
+            hsum8(&lanes)
+        })
+    })
 }
 
-/// `score` of N keys: on AVX2 their FMA chains interleave (one chain alone waits on the FMA
-/// latency); each key's own order, hence its bits, is `score`'s.
-#[inline(always)]
-fn scores<const AVX: bool, const N: usize>(q: &[f32], ks: [&[u16]; N]) -> [f32; N] {
-    #[cfg(target_arch = "x86_64")]
-    if AVX {
-        // SAFETY: as in `score`.
-        return unsafe { avx2::scores(q, ks) };
-    }
-    ks.map(|k| score::<AVX>(q, k))
-}
-
-/// `acc += p * v` (vectorised across head dims); `p·v` is exact, so both paths round identically.
-#[inline(always)]
-fn accumulate<const AVX: bool>(acc: &mut [f32], p: f32, v: &[u16]) {
-    #[cfg(target_arch = "x86_64")]
-    if AVX {
-        // SAFETY: as in `score`.
-        return unsafe { crate::quant::avx2::axpy_f16(acc, p, v) };
-    }
-    for (a, &x) in acc.iter_mut().zip(v) {
-        *a += p * f16_to_f32(x);
-    }
-}
-
-/// Where one head's keys are: cache rows `first..=last`, `kv_row` floats apart, at offset `kv_off`.
+/// Where one KV head's keys are: cache rows `first..=last`, `kv_row` floats apart, at `kv_off`.
 #[derive(Clone, Copy)]
 struct Keys {
     kv_row: usize,
@@ -122,28 +107,17 @@ struct Keys {
     kq_scale: f32,
 }
 
-/// One (row, head): scores, ggml softmax, f16 probabilities, weighted sum of values.
-#[inline(always)]
-fn head<const AVX: bool>(q: &[f32], k: &[u16], v: &[u16], keys: Keys, o: &mut [f32]) {
-    let Keys {
-        kv_row,
-        kv_off,
-        first,
-        last,
-        kq_scale,
-    } = keys;
-    let hd = q.len();
-    let qh: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
-    let key = |j: usize| j * kv_row + kv_off;
-    let key_row = |j: usize| &k[key(j)..key(j) + hd];
-    let mut p: Vec<f32> = Vec::with_capacity(last + 1 - first);
-    let mut j = first;
-    while j + 4 <= last + 1 {
-        let four = scores::<AVX, 4>(&qh, std::array::from_fn(|i| key_row(j + i)));
-        p.extend(four.map(|x| x * kq_scale));
-        j += 4;
+impl Keys {
+    /// Offset of key `j`'s row in the K (or V) cache.
+    fn at(&self, j: usize) -> usize {
+        j * self.kv_row + self.kv_off
     }
-    p.extend((j..=last).map(|j| score::<AVX>(&qh, key_row(j)) * kq_scale));
+}
+
+/// ggml's softmax of one head's scores (keys `first..=last`): vectorised exp, sums per group of 8
+/// keys aligned to key 0 in f64, scaled by `(f32)(1/sum)`, then rounded to f16 as llama.cpp
+/// multiplies V by f16 probabilities.
+fn softmax_f16(p: &mut [f32], first: usize, last: usize) {
     let max = p.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     for x in p.iter_mut() {
         *x = expf_ggml(*x - max);
@@ -163,17 +137,80 @@ fn head<const AVX: bool>(q: &[f32], k: &[u16], v: &[u16], keys: Keys, o: &mut [f
     for x in p.iter_mut() {
         *x = f16::from_f32(*x * scale).to_f32();
     }
-    let mut lanes = vec![0.0f32; 8 * hd];
-    for (j, &pj) in (first..=last).zip(&p) {
-        accumulate::<AVX>(
-            &mut lanes[(j % 8) * hd..(j % 8 + 1) * hd],
-            pj,
-            &v[key(j)..key(j) + hd],
-        );
+}
+
+/// The weighted sums of values of G heads over the same keys, as llama.cpp sums them: 8 lanes
+/// by key position (lane = j % 8, keys ascending within a lane), then `hsum8` over the lanes per
+/// dim. `os` holds the G heads' outputs one after another.
+#[inline(always)]
+fn weighted_sum<const AVX: bool, const G: usize>(
+    ps: [&[f32]; G],
+    v: &[u16],
+    keys: Keys,
+    hd: usize,
+    os: &mut [f32],
+) {
+    // lanes[(g * 8 + l) * hd + d]: head g's lane l at dim d.
+    let mut lanes = vec![0.0f32; G * 8 * hd];
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        // SAFETY: as in `scores`.
+        unsafe { avx2::lanes(ps, v, keys, hd, &mut lanes) };
     }
-    for (d, out) in o.iter_mut().enumerate() {
-        *out = hsum8(&std::array::from_fn(|l| lanes[l * hd + d]));
+    if !AVX {
+        for j in keys.first..=keys.last {
+            let vj = &v[keys.at(j)..keys.at(j) + hd];
+            for (g, p) in ps.iter().enumerate() {
+                let lane = &mut lanes[(g * 8 + j % 8) * hd..][..hd];
+                for (a, &x) in lane.iter_mut().zip(vj) {
+                    *a += p[j - keys.first] * f16_to_f32(x);
+                }
+            }
+        }
     }
+    for (g, o) in os.chunks_exact_mut(hd).enumerate() {
+        for (d, out) in o.iter_mut().enumerate() {
+            *out = hsum8(&std::array::from_fn(|l| lanes[(g * 8 + l) * hd + d]));
+        }
+    }
+}
+
+/// G query heads that share one KV head (grouped-query attention), each exactly as it would be
+/// alone: scores (N keys at a time), softmax, f16 probabilities, weighted sum of values. Sharing
+/// only saves loads and f16 conversions of keys and values; no head's bits depend on G or N.
+#[inline(always)]
+fn heads<const AVX: bool, const G: usize, const N: usize>(
+    qs: [&[f32]; G],
+    k: &[u16],
+    v: &[u16],
+    keys: Keys,
+    os: &mut [f32],
+) {
+    let (first, last, hd) = (keys.first, keys.last, qs[0].len());
+    let qh: [Vec<f32>; G] = qs.map(|q| q.iter().map(|&x| f16::from_f32(x).to_f32()).collect());
+    let qh: [&[f32]; G] = std::array::from_fn(|g| qh[g].as_slice());
+    let key_row = |j: usize| &k[keys.at(j)..keys.at(j) + hd];
+    let mut ps: [Vec<f32>; G] = std::array::from_fn(|_| Vec::with_capacity(last + 1 - first));
+    let mut j = first;
+    while j <= last {
+        if j + N <= last + 1 {
+            let grid = scores::<AVX, G, N>(qh, std::array::from_fn(|i| key_row(j + i)));
+            for (p, row) in ps.iter_mut().zip(grid) {
+                p.extend(row.map(|x| x * keys.kq_scale));
+            }
+            j += N;
+        } else {
+            let grid = scores::<AVX, G, 1>(qh, [key_row(j)]);
+            for (p, [x]) in ps.iter_mut().zip(grid) {
+                p.push(x * keys.kq_scale);
+            }
+            j += 1;
+        }
+    }
+    for p in ps.iter_mut() {
+        softmax_f16(p, first, last);
+    }
+    weighted_sum::<AVX, G>(std::array::from_fn(|g| ps[g].as_slice()), v, keys, hd, os);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -183,37 +220,134 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn score(q: &[f32], k: &[u16]) -> f32 {
-        scores::<1>(q, [k])[0]
+    unsafe fn load_f16x8(p: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores<const N: usize>(q: &[f32], ks: [&[u16]; N]) -> [f32; N] {
-        let n = q.len();
-        let mut acc = [_mm256_setzero_ps(); N];
+    pub unsafe fn scores<const G: usize, const N: usize>(
+        qs: [&[f32]; G],
+        ks: [&[u16]; N],
+    ) -> [[f32; N]; G] {
+        let n = qs[0].len();
+        let mut acc = [[_mm256_setzero_ps(); N]; G];
         for c in 0..n / 8 {
-            let qv = _mm256_loadu_ps(q.as_ptr().add(8 * c));
-            for (a, k) in acc.iter_mut().zip(ks) {
-                let kv = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(8 * c) as *const __m128i));
-                *a = _mm256_fmadd_ps(kv, qv, *a);
+            let kv: [__m256; N] = std::array::from_fn(|i| load_f16x8(ks[i].as_ptr().add(8 * c)));
+            for (g, q) in qs.iter().enumerate() {
+                let qv = _mm256_loadu_ps(q.as_ptr().add(8 * c));
+                for i in 0..N {
+                    acc[g][i] = _mm256_fmadd_ps(kv[i], qv, acc[g][i]);
+                }
             }
         }
-        std::array::from_fn(|key| {
-            let mut lanes = [0.0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[key]);
-            let k = ks[key];
-            for i in 8 * (n / 8)..n {
-                lanes[i % 8] += q[i] * super::f16_to_f32(k[i]);
-            }
-            super::hsum8(&lanes)
+        std::array::from_fn(|g| {
+            std::array::from_fn(|key| {
+                let mut lanes = [0.0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[g][key]);
+                let (q, k) = (qs[g], ks[key]);
+                for i in 8 * (n / 8)..n {
+                    lanes[i % 8] += q[i] * super::f16_to_f32(k[i]);
+                }
+                super::hsum8(&lanes)
+            })
         })
     }
 
+    /// `weighted_sum`'s lanes, lane by lane: for lane l and C chunks of 8 dims the G·C partial
+    /// sums stay in registers while the lane's keys (l, l+8, ... ascending, the order of the
+    /// one-head loop) pass; each value chunk is converted once for the G heads.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn head(q: &[f32], k: &[u16], v: &[u16], keys: Keys, o: &mut [f32]) {
-        super::head::<true>(q, k, v, keys, o)
+    pub unsafe fn lanes<const G: usize>(
+        ps: [&[f32]; G],
+        v: &[u16],
+        keys: Keys,
+        hd: usize,
+        lanes: &mut [f32],
+    ) {
+        let (first, last) = (keys.first, keys.last);
+        assert!(lanes.len() == G * 8 * hd && v.len() >= keys.at(last) + hd);
+        assert!(ps.iter().all(|p| p.len() == last + 1 - first));
+        for l in 0..8 {
+            let j0 = first + (l + 8 - first % 8) % 8;
+            if j0 > last {
+                continue;
+            }
+            let mut c = 0;
+            while c + 2 <= hd / 8 {
+                lane_chunks::<G, 2>(ps, v, keys, j0, 8 * c, lanes, l * hd + 8 * c, hd);
+                c += 2;
+            }
+            if c < hd / 8 {
+                lane_chunks::<G, 1>(ps, v, keys, j0, 8 * c, lanes, l * hd + 8 * c, hd);
+            }
+            for d in 8 * (hd / 8)..hd {
+                for j in (j0..=last).step_by(8) {
+                    let x = super::f16_to_f32(v[keys.at(j) + d]);
+                    for (g, p) in ps.iter().enumerate() {
+                        lanes[(g * 8 + l) * hd + d] += p[j - first] * x;
+                    }
+                }
+            }
+        }
     }
+
+    /// C chunks of 8 dims from `dim` for the keys `j0, j0+8, ..= last` of one lane; head g's sums
+    /// go to `lanes[g * 8 * hd + at ..]`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lane_chunks<const G: usize, const C: usize>(
+        ps: [&[f32]; G],
+        v: &[u16],
+        keys: Keys,
+        j0: usize,
+        dim: usize,
+        lanes: &mut [f32],
+        at: usize,
+        hd: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); C]; G];
+        let mut j = j0;
+        while j <= keys.last {
+            let vp = v.as_ptr().add(keys.at(j) + dim);
+            let x: [__m256; C] = std::array::from_fn(|c| load_f16x8(vp.add(8 * c)));
+            for (accs, p) in acc.iter_mut().zip(ps) {
+                let p = _mm256_set1_ps(*p.get_unchecked(j - keys.first));
+                for (a, x) in accs.iter_mut().zip(x) {
+                    *a = _mm256_fmadd_ps(p, x, *a);
+                }
+            }
+            j += 8;
+        }
+        for (g, accs) in acc.iter().enumerate() {
+            for (c, a) in accs.iter().enumerate() {
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(g * 8 * hd + at + 8 * c), *a);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn heads<const G: usize, const N: usize>(
+        qs: [&[f32]; G],
+        k: &[u16],
+        v: &[u16],
+        keys: Keys,
+        os: &mut [f32],
+    ) {
+        super::heads::<true, G, N>(qs, k, v, keys, os)
+    }
+}
+
+/// Query heads per work item: the largest of 4, 2, 1 that divides the heads per KV head and
+/// still leaves each thread several items (a decode row alone keeps one head per item).
+fn heads_per_item(rows: usize, n_head: usize, group: usize) -> usize {
+    let items_wanted = 4 * rayon::current_num_threads();
+    [4, 2]
+        .into_iter()
+        .find(|&g| group.is_multiple_of(g) && rows * n_head / g >= items_wanted)
+        .unwrap_or(1)
 }
 
 pub fn attention(
@@ -228,31 +362,53 @@ pub fn attention(
     let group = n_head / s.n_kv;
     let kv_row = s.n_kv * hd;
     let use_avx2 = crate::simd::use_avx2();
-    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-        let (row, h) = (idx / n_head, idx % n_head);
-        let last = positions[row] as usize;
-        let first = if s.window > 0 {
-            (last + 1).saturating_sub(s.window)
-        } else {
-            0
-        };
-        let qrow = &q[idx * hd..(idx + 1) * hd];
-        let keys = Keys {
-            kv_row,
-            kv_off: (h / group) * hd,
-            first,
-            last,
-            kq_scale: s.kq_scale,
-        };
-        #[cfg(target_arch = "x86_64")]
-        if use_avx2 {
-            // SAFETY: use_avx2 reports AVX2, FMA and F16C.
-            unsafe { avx2::head(qrow, k, v, keys, o) };
-            return;
-        }
-        let _ = use_avx2;
-        head::<false>(qrow, k, v, keys, o);
-    });
+    let per_item = heads_per_item(positions.len(), n_head, group);
+    out.par_chunks_mut(per_item * hd)
+        .enumerate()
+        .for_each(|(idx, os)| {
+            let (row, h0) = (
+                idx / (n_head / per_item),
+                idx % (n_head / per_item) * per_item,
+            );
+            let last = positions[row] as usize;
+            let first = if s.window > 0 {
+                (last + 1).saturating_sub(s.window)
+            } else {
+                0
+            };
+            let q_at = |g: usize| &q[(row * n_head + h0 + g) * hd..][..hd];
+            let keys = Keys {
+                kv_row,
+                kv_off: (h0 / group) * hd,
+                first,
+                last,
+                kq_scale: s.kq_scale,
+            };
+            match per_item {
+                4 => run::<4, 2>(use_avx2, std::array::from_fn(q_at), k, v, keys, os),
+                2 => run::<2, 4>(use_avx2, std::array::from_fn(q_at), k, v, keys, os),
+                _ => run::<1, 4>(use_avx2, [q_at(0)], k, v, keys, os),
+            }
+        });
+}
+
+/// `heads` on the AVX2 path when the CPU has it, else on the portable one.
+fn run<const G: usize, const N: usize>(
+    use_avx2: bool,
+    qs: [&[f32]; G],
+    k: &[u16],
+    v: &[u16],
+    keys: Keys,
+    os: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2 {
+        // SAFETY: use_avx2 reports AVX2, FMA and F16C.
+        unsafe { avx2::heads::<G, N>(qs, k, v, keys, os) };
+        return;
+    }
+    let _ = use_avx2;
+    heads::<false, G, N>(qs, k, v, keys, os);
 }
 
 #[cfg(test)]

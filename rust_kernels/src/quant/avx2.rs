@@ -785,24 +785,3 @@ dot_float!(
     f16_bits_to_f32,
     f16_bits_to_f32
 );
-
-/// `y += alpha * f16(x)` for attention's weighted sum of values.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; `y.len() == x.len()`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy_f16(y: &mut [f32], alpha: f32, x: &[u16]) {
-    let n = y.len();
-    let va = _mm256_set1_ps(alpha);
-    let steps = n / 8;
-    for s in 0..steps {
-        let p = y.as_mut_ptr().add(8 * s);
-        _mm256_storeu_ps(
-            p,
-            _mm256_fmadd_ps(va, load_f16x8(x.as_ptr().add(8 * s)), _mm256_loadu_ps(p)),
-        );
-    }
-    for i in 8 * steps..n {
-        y[i] += alpha * f16_bits_to_f32(x[i]);
-    }
-}
