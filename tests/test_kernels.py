@@ -227,7 +227,7 @@ def test_kquant_matmul_is_bit_identical_to_llama_cpp(
 ) -> None:
     """Q4_K/Q5_K/Q6_K x Q8_K give llama.cpp's AVX2 `vec_dot` bits on both of our paths (the scalar
     reference emulates its 8 float lanes, FMA per super-block and final reduction order), through
-    the multi-row tiles too."""
+    the multi-row register blocks too."""
     rng = np.random.default_rng(rows * 10 + m)
     cols = 2048
     data = random_weight_bytes(t, rows, cols, rng)

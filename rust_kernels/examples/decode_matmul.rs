@@ -87,7 +87,7 @@ fn main() {
         rows,
         cols,
     };
-    // Optional 6th argument: the m values, comma-separated (e.g. 512 for a prompt's tiles).
+    // Optional 6th argument: the m values, comma-separated (e.g. 512 for a prompt).
     let ms: Vec<usize> = args.get(6).map_or(vec![1, 2, 3, 4, 8, 16], |s| {
         s.split(',').map(|v| v.parse().unwrap()).collect()
     });

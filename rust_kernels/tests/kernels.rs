@@ -4,7 +4,7 @@
 use _native::matmul::{matmul_many, Weight};
 use _native::quant::act::{quantize_q8_0, quantize_q8_0_scalar, quantize_q8k, quantize_q8k_scalar};
 use _native::quant::{
-    dequantize_row, has_tile, vec_dot, vec_dot_scalar, vec_dot_tile, Activations, GgmlType,
+    dequantize_row, vec_dot, vec_dot_act_rows, vec_dot_scalar, Activations, GgmlType,
 };
 use _native::simd;
 use rand::{Rng, SeedableRng};
@@ -204,97 +204,78 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     }
 }
 
-/// Types with a fused multi-row tile (`vec_dot_tile`).
-const TILED: [GgmlType; 6] = [
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q5_0,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
-
-/// Every (weight row, activation row) of a W x R tile equals the one-row `vec_dot`, bit for bit.
-#[allow(clippy::needless_range_loop)]
-fn check_tile<const W: usize, const R: usize>(t: GgmlType, rng: &mut impl Rng) {
+/// Every output of one weight row against activation rows `r0 .. r0+R` (`vec_dot_act_rows`, the
+/// register blocks `matmul_many` takes) equals the one-row `vec_dot`, bit for bit.
+fn check_rows<const R: usize>(t: GgmlType, rng: &mut impl Rng) {
     let cols = cols_for(t);
-    let rows: Vec<Vec<u8>> = (0..W).map(|_| random_row(t, cols, rng)).collect();
+    let row = random_row(t, cols, rng);
     let m = R + 2;
     let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
     let acts = Activations::quantize(t.act_format(), &x, cols);
     for r0 in [0, 2] {
-        let ws: [&[u8]; W] = std::array::from_fn(|w| rows[w].as_slice());
-        let Some(out) = vec_dot_tile::<W, R>(t, ws, &acts, r0) else {
-            assert!(!has_tile(t), "{t:?}: has_tile but no tile");
-            return;
-        };
-        assert!(has_tile(t));
-        for w in 0..W {
-            for r in 0..R {
-                let one = vec_dot(t, &rows[w], &acts, r0 + r);
-                assert_eq!(
-                    out[w][r].to_bits(),
-                    one.to_bits(),
-                    "{t:?} tile {W}x{R} weight row {w} act row {}",
-                    r0 + r
-                );
-            }
+        let out = vec_dot_act_rows::<R>(t, &row, &acts.rows::<R>(r0));
+        for (i, v) in out.iter().enumerate() {
+            let one = vec_dot(t, &row, &acts, r0 + i);
+            assert_eq!(
+                v.to_bits(),
+                one.to_bits(),
+                "{t:?} {R} rows: act row {}",
+                r0 + i
+            );
         }
     }
 }
 
 #[test]
-fn tiles_are_bit_identical_to_one_row_dot() {
+fn row_blocks_are_bit_identical_to_one_row_dot() {
     let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = rand::rngs::StdRng::seed_from_u64(21);
     for t in TYPES {
         for _ in 0..4 {
-            check_tile::<4, 1>(t, &mut rng);
-            check_tile::<4, 4>(t, &mut rng);
-            check_tile::<2, 3>(t, &mut rng);
-            check_tile::<1, 8>(t, &mut rng);
-            check_tile::<1, 4>(t, &mut rng);
-            check_tile::<1, 3>(t, &mut rng);
-            check_tile::<1, 2>(t, &mut rng);
-            check_tile::<3, 1>(t, &mut rng);
+            check_rows::<1>(t, &mut rng);
+            check_rows::<2>(t, &mut rng);
+            check_rows::<3>(t, &mut rng);
+            check_rows::<4>(t, &mut rng);
+            check_rows::<8>(t, &mut rng);
         }
-        assert_eq!(has_tile(t), simd::use_avx2() && TILED.contains(&t), "{t:?}");
     }
 }
 
 /// Activations at the ends of the i8 range (|q| = 127 everywhere): the largest 16-bit
 /// intermediate sums, still equal to the one-row results.
 #[test]
-fn tiles_match_one_row_dot_on_extreme_activations() {
-    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
-    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    for t in TILED {
-        let cols = cols_for(t);
-        let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(t, cols, &mut rng)).collect();
-        // One huge value per block: every other quant is small; all-equal rows hit 127 everywhere.
-        let mut x: Vec<f32> = (0..4 * cols)
-            .map(|i| if i % 3 == 0 { -9.0 } else { 9.0 })
-            .collect();
-        x[..cols].fill(1.0);
-        let acts = Activations::quantize(t.act_format(), &x, cols);
-        for r in 0..4 {
-            let ws: [&[u8]; 4] = std::array::from_fn(|w| rows[w].as_slice());
-            let Some(out) = vec_dot_tile::<4, 1>(t, ws, &acts, r) else {
-                continue;
-            };
-            for w in 0..4 {
+fn row_blocks_match_one_row_dot_on_extreme_activations() {
+    fn check<const R: usize>(t: GgmlType, rows: &[Vec<u8>], acts: &Activations) {
+        for row in rows {
+            let out = vec_dot_act_rows::<R>(t, row, &acts.rows::<R>(0));
+            for (r, v) in out.iter().enumerate() {
                 assert_eq!(
-                    out[w][0].to_bits(),
-                    vec_dot(t, &rows[w], &acts, r).to_bits()
+                    v.to_bits(),
+                    vec_dot(t, row, acts, r).to_bits(),
+                    "{t:?} {R} rows: act row {r}"
                 );
             }
         }
     }
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for t in TYPES {
+        let cols = cols_for(t);
+        let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(t, cols, &mut rng)).collect();
+        // One huge value per block: every other quant is small; all-equal rows hit 127 everywhere.
+        let mut x: Vec<f32> = (0..8 * cols)
+            .map(|i| if i % 3 == 0 { -9.0 } else { 9.0 })
+            .collect();
+        x[..cols].fill(1.0);
+        let acts = Activations::quantize(t.act_format(), &x, cols);
+        check::<4>(t, &rows, &acts);
+        check::<8>(t, &rows, &acts);
+    }
 }
 
-/// Odd shapes through `matmul_many`: row counts that leave partial weight tiles and partial
-/// activation tiles, every batch size of a decode step (1..=16) and two prompt sizes, several
-/// weights in one call, every row equal to its one-row result.
+/// Odd shapes through `matmul_many`: row counts that leave partial tasks of weight rows and
+/// partial register blocks of activation rows, every batch size of a decode step (1..=16) and two
+/// prompt sizes, several weights in one call, every row equal to its one-row result.
 #[test]
 fn matmul_odd_shapes_match_one_row_results() {
     let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
@@ -320,7 +301,8 @@ fn matmul_odd_shapes_match_one_row_results() {
                 cols,
             })
             .collect();
-        // 1..=16: the streaming (decode) path's register blocks and remainders; 17, 21: the tiles.
+        // 1..=16: the streaming (decode) path's register blocks and remainders; 17, 21: several
+        // 16-row windows, as prompts take.
         for m in (1usize..=17).chain([21]) {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
             let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; m * w.rows]).collect();
@@ -344,14 +326,13 @@ fn matmul_odd_shapes_match_one_row_results() {
     }
 }
 
-/// The scalar path (forced) keeps batch invariance too; it has no fused tiles.
+/// The scalar path (forced) keeps batch invariance too.
 #[test]
 fn scalar_path_matmul_rows_do_not_depend_on_the_batch() {
     let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
     simd::set_force_scalar(true);
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
     for t in TYPES {
-        assert!(!has_tile(t));
         let (rows, cols, m) = (9, cols_for(t), 6);
         let data: Vec<u8> = (0..rows)
             .flat_map(|_| random_row(t, cols, &mut rng))

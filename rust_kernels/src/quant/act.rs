@@ -36,7 +36,8 @@ pub enum Activations {
 }
 
 /// Activation rows `r0 .. r0+R` of one format as slices, resolved once and then dotted with many
-/// weight rows (a decode step's weight stream); `acts` / `r0` serve the portable path.
+/// weight rows (a decode step's weight stream, a prompt task's rows); `acts` / `r0` serve the
+/// portable path.
 pub struct ActRows<'a, const R: usize> {
     pub acts: &'a Activations,
     pub r0: usize,

@@ -13,58 +13,7 @@ use std::arch::x86_64::*;
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
-    vec_dot_rows::<1>(t, w, acts, r)[0]
-}
-
-/// W weight rows against activation rows `r0 .. r0+R` (`None` for types without a fused kernel:
-/// the float and Q8_1-activation types). Each weight block is unpacked once for all R rows and each
-/// activation block loaded once for all W rows; every output sees exactly the operations of the
-/// one-row case, so the results are bit-identical to `vec_dot` (batch invariance).
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dot_tile<const W: usize, const R: usize>(
-    t: GgmlType,
-    ws: [&[u8]; W],
-    acts: &Activations,
-    r0: usize,
-) -> Option<[[f32; R]; W]> {
-    Some(match (t, acts) {
-        (GgmlType::Q8_0, Activations::Q8_0 { .. }) => {
-            dot_q8_0::<W, R>(ws, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
-        }
-        (GgmlType::Q4_0, Activations::Q8_0 { .. }) => {
-            dot_q4_0::<W, R>(ws, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
-        }
-        (GgmlType::Q5_0, Activations::Q8_0 { .. }) => {
-            dot_q5_0::<W, R>(ws, std::array::from_fn(|i| acts.q8_0_row(r0 + i)))
-        }
-        (GgmlType::Q4K, Activations::Q8K { .. }) => {
-            dot_q45k::<false, W, R>(ws, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
-        }
-        (GgmlType::Q5K, Activations::Q8K { .. }) => {
-            dot_q45k::<true, W, R>(ws, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
-        }
-        (GgmlType::Q6K, Activations::Q8K { .. }) => {
-            dot_q6k::<W, R>(ws, std::array::from_fn(|i| acts.q8k_row(r0 + i)))
-        }
-        _ => return None,
-    })
-}
-
-/// One weight row against activation rows `r0 .. r0+R`, bit-identical to R calls of `vec_dot`.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn vec_dot_rows<const R: usize>(
-    t: GgmlType,
-    w: &[u8],
-    acts: &Activations,
-    r0: usize,
-) -> [f32; R] {
-    vec_dot_act_rows::<R>(t, w, &acts.rows::<R>(r0).rows)
+    vec_dot_act_rows::<1>(t, w, &acts.rows::<1>(r).rows)[0]
 }
 
 /// One weight row against activation rows already resolved to slices (`Activations::rows`),
@@ -82,17 +31,18 @@ pub unsafe fn vec_dot_act_rows<const R: usize>(
         (GgmlType::F32, RowSlices::F32(a)) => a.map(|a| dot_f32(w, a)),
         (GgmlType::F16, RowSlices::F16(a)) => a.map(|a| dot_f16(w, a)),
         (GgmlType::BF16, RowSlices::BF16(a)) => a.map(|a| dot_bf16(w, a)),
-        (GgmlType::Q8_0, RowSlices::Q8_0(ys)) if R == 1 => dot_q8_0::<1, R>([w], *ys)[0],
+        (GgmlType::Q8_0, RowSlices::Q8_0(ys)) if R == 1 => dot_q8_0::<R>(w, *ys),
         (GgmlType::Q8_0, RowSlices::Q8_0(ys)) => dot_q8_0_rows::<R>(w, *ys),
-        (GgmlType::Q4_0, RowSlices::Q8_0(ys)) => dot_q4_0::<1, R>([w], *ys)[0],
-        (GgmlType::Q5_0, RowSlices::Q8_0(ys)) => dot_q5_0::<1, R>([w], *ys)[0],
+        (GgmlType::Q4_0, RowSlices::Q8_0(ys)) => dot_q4_0::<R>(w, *ys),
+        (GgmlType::Q5_0, RowSlices::Q8_0(ys)) => dot_q5_0::<R>(w, *ys),
         (GgmlType::Q4_1, RowSlices::Q8_1(ys)) => dot_q4_1::<R>(w, *ys),
         (GgmlType::Q5_1, RowSlices::Q8_1(ys)) => dot_q5_1::<R>(w, *ys),
-        // One row keeps the tile kernels' code; several rows take the kernels that do each row's
-        // scale work as vector products and read the precomputed sub-block sums.
-        (GgmlType::Q4K, RowSlices::Q8K(ys)) if R == 1 => dot_q45k::<false, 1, R>([w], *ys)[0],
-        (GgmlType::Q5K, RowSlices::Q8K(ys)) if R == 1 => dot_q45k::<true, 1, R>([w], *ys)[0],
-        (GgmlType::Q6K, RowSlices::Q8K(ys)) if R == 1 => dot_q6k::<1, R>([w], *ys)[0],
+        // One row keeps the one-row kernels' code (`dot_q45k`, `dot_q6k`); several rows take the
+        // kernels that do each row's scale work as vector products and read the precomputed
+        // sub-block sums.
+        (GgmlType::Q4K, RowSlices::Q8K(ys)) if R == 1 => dot_q45k::<false, R>(w, *ys),
+        (GgmlType::Q5K, RowSlices::Q8K(ys)) if R == 1 => dot_q45k::<true, R>(w, *ys),
+        (GgmlType::Q6K, RowSlices::Q8K(ys)) if R == 1 => dot_q6k::<R>(w, *ys),
         (GgmlType::Q4K, RowSlices::Q8K(ys)) => dot_q45k_rows::<false, R>(w, *ys),
         (GgmlType::Q5K, RowSlices::Q8K(ys)) => dot_q45k_rows::<true, R>(w, *ys),
         (GgmlType::Q6K, RowSlices::Q8K(ys)) => dot_q6k_rows::<R>(w, *ys),
@@ -212,42 +162,34 @@ unsafe fn read_u32(p: *const u8) -> u32 {
 
 macro_rules! dot_vs_q8_0 {
     ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
-        /// W weight rows against R activation rows; each output keeps the one-row operation order.
+        /// One weight row against R activation rows; each output keeps the one-row operation order.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name<const W: usize, const R: usize>(
-            ws: [&[u8]; W],
-            ys: [&[BlockQ8_0]; R],
-        ) -> [[f32; R]; W] {
+        unsafe fn $name<const R: usize>(w: &[u8], ys: [&[BlockQ8_0]; R]) -> [f32; R] {
             let nb = ys[0].len();
-            assert!(ws.iter().all(|w| w.len() >= nb * $bytes) && ys.iter().all(|y| y.len() == nb));
-            let mut acc = [[_mm256_setzero_ps(); R]; W];
+            assert!(w.len() >= nb * $bytes && ys.iter().all(|y| y.len() == nb));
+            let mut acc = [_mm256_setzero_ps(); R];
             for i in 0..nb {
-                for w in 0..W {
-                    let $b = ws[w].as_ptr().add(i * $bytes);
-                    let dw = f16_at(ws[w], i * $bytes);
-                    let qx: __m256i = $load;
-                    let ax = _mm256_sign_epi8(qx, qx);
-                    // dw * yd as a vector product of two broadcasts (the same IEEE product): the
-                    // row's scale then costs a broadcast load and one multiply, no shuffle.
-                    let bdw = opaque(_mm256_set1_ps(dw));
-                    for r in 0..R {
-                        let yb = ys[r].get_unchecked(i);
-                        let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
-                        let p =
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-                        let d = _mm256_mul_ps(bdw, _mm256_broadcast_ss(&yb.d));
-                        acc[w][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[w][r]);
-                    }
+                let $b = w.as_ptr().add(i * $bytes);
+                let dw = f16_at(w, i * $bytes);
+                let qx: __m256i = $load;
+                let ax = _mm256_sign_epi8(qx, qx);
+                // dw * yd as a vector product of two broadcasts (the same IEEE product): the
+                // row's scale then costs a broadcast load and one multiply, no shuffle.
+                let bdw = opaque(_mm256_set1_ps(dw));
+                for r in 0..R {
+                    let yb = ys[r].get_unchecked(i);
+                    let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+                    let d = _mm256_mul_ps(bdw, _mm256_broadcast_ss(&yb.d));
+                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
                 }
             }
             // Plain loops: a closure here (not always inlined) took `acc` by reference, which
             // kept the accumulators in memory with a store per row and block.
-            let mut out = [[0.0f32; R]; W];
-            for w in 0..W {
-                for r in 0..R {
-                    out[w][r] = hsum_ps(acc[w][r]);
-                }
+            let mut out = [0.0f32; R];
+            for r in 0..R {
+                out[r] = hsum_ps(acc[r]);
             }
             out
         }
@@ -265,13 +207,13 @@ dot_vs_q8_0!(dot_q5_0, 22, |b| _mm256_or_si256(
     _mm256_andnot_si256(bits32(read_u32(b.add(2))), _mm256_set1_epi8(0xF0u8 as i8))
 ));
 
-/// `dot_q8_0` for one weight row and R > 1 activation rows as a function of its own: inlined into
-/// `vec_dot_rows`' large match, LLVM kept the R accumulators on the stack (a store per row and
+/// `dot_q8_0` for R > 1 activation rows as a function of its own: inlined into
+/// `vec_dot_act_rows`' large match, LLVM kept the R accumulators on the stack (a store per row and
 /// block, ~25% of a row's cost).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q8_0_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8_0]; R]) -> [f32; R] {
-    dot_q8_0::<1, R>([w], ys)[0]
+    dot_q8_0::<R>(w, ys)
 }
 
 macro_rules! dot_vs_q8_1 {
@@ -353,100 +295,84 @@ unsafe fn bit_to_4(qh: __m256i, b: usize) -> __m256i {
     }
 }
 
-/// Q4_K and Q5_K, W weight rows against R activation rows. They share everything but the 5th bit
+/// Q4_K and Q5_K, one weight row against R activation rows. They share everything but the 5th bit
 /// (`HIGH`) and how llama.cpp accumulates the mins term (kept identical here): Q4_K in 4 float
 /// lanes, Q5_K in one fused scalar sum. Every output keeps the one-row operation order; the integer
 /// lane sums are exact, so sharing loads across rows changes no bit.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q45k<const HIGH: bool, const W: usize, const R: usize>(
-    ws: [&[u8]; W],
-    ys: [&[BlockQ8K]; R],
-) -> [[f32; R]; W] {
+unsafe fn dot_q45k<const HIGH: bool, const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
     let bytes = if HIGH { 176 } else { 144 };
     let qs_at = if HIGH { 48 } else { 16 };
     let nb = ys[0].len();
-    assert!(ws.iter().all(|w| w.len() >= nb * bytes) && ys.iter().all(|y| y.len() == nb));
+    assert!(w.len() >= nb * bytes && ys.iter().all(|y| y.len() == nb));
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut acc = [[_mm256_setzero_ps(); R]; W];
-    let mut mins4 = [[_mm_setzero_ps(); R]; W];
-    let mut mins1 = [[0.0f32; R]; W];
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut mins4 = [_mm_setzero_ps(); R];
+    let mut mins1 = [0.0f32; R];
     for i in 0..nb {
-        let bp: [*const u8; W] = std::array::from_fn(|w| ws[w].as_ptr().add(i * bytes));
+        let bp = w.as_ptr().add(i * bytes);
         let yb: [&BlockQ8K; R] = std::array::from_fn(|r| ys[r].get_unchecked(i));
         // prod[k] = m[2k]*(bsum pair 2k) + m[2k+1]*(bsum pair 2k+1): the same 4 lanes as llama.cpp.
         let q8s: [__m128i; R] = std::array::from_fn(|r| {
             let bs = yb[r].bsums.as_ptr() as *const __m128i;
             _mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs.add(1)))
         });
-        let mut scales = [_mm256_setzero_si256(); W];
-        for w in 0..W {
-            let sm = q45k_scales_mins(bp[w].add(4));
-            scales[w] = _mm256_permute2x128_si256::<0x00>(sm, sm);
-            let mins8 = _mm256_extracti128_si256::<1>(sm);
-            let dminw = f16_at(ws[w], i * bytes + 2);
-            for r in 0..R {
-                let neg_dmin = -yb[r].d * dminw;
-                let prod = _mm_madd_epi16(mins8, q8s[r]);
-                if HIGH {
-                    let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, prod), prod);
-                    mins1[w][r] = neg_dmin.mul_add(_mm_cvtsi128_si32(total) as f32, mins1[w][r]);
-                } else {
-                    mins4[w][r] =
-                        _mm_fmadd_ps(_mm_set1_ps(neg_dmin), _mm_cvtepi32_ps(prod), mins4[w][r]);
-                }
+        let sm = q45k_scales_mins(bp.add(4));
+        let scales = _mm256_permute2x128_si256::<0x00>(sm, sm);
+        let mins8 = _mm256_extracti128_si256::<1>(sm);
+        let dminw = f16_at(w, i * bytes + 2);
+        for r in 0..R {
+            let neg_dmin = -yb[r].d * dminw;
+            let prod = _mm_madd_epi16(mins8, q8s[r]);
+            if HIGH {
+                let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, prod), prod);
+                mins1[r] = neg_dmin.mul_add(_mm_cvtsi128_si32(total) as f32, mins1[r]);
+            } else {
+                mins4[r] = _mm_fmadd_ps(_mm_set1_ps(neg_dmin), _mm_cvtepi32_ps(prod), mins4[r]);
             }
         }
-        let qh: [__m256i; W] = std::array::from_fn(|w| {
-            if HIGH {
-                load(bp[w].add(16))
-            } else {
-                _mm256_setzero_si256()
-            }
-        });
-        let mut sumi = [[_mm256_setzero_si256(); R]; W];
+        let qh = if HIGH {
+            load(bp.add(16))
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut sumi = [_mm256_setzero_si256(); R];
         for c in 0..4 {
             let y_lo: [__m256i; R] =
                 std::array::from_fn(|r| load((yb[r].qs.as_ptr() as *const u8).add(64 * c)));
             let y_hi: [__m256i; R] =
                 std::array::from_fn(|r| load((yb[r].qs.as_ptr() as *const u8).add(64 * c + 32)));
-            for w in 0..W {
-                let raw = load(bp[w].add(qs_at + 32 * c));
-                let mut lo = _mm256_and_si256(raw, m4);
-                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
-                if HIGH {
-                    lo = _mm256_or_si256(lo, bit_to_4(qh[w], 2 * c));
-                    hi = _mm256_or_si256(hi, bit_to_4(qh[w], 2 * c + 1));
-                }
-                let s_lo = _mm256_shuffle_epi8(scales[w], bcast16_mask(2 * c));
-                let s_hi = _mm256_shuffle_epi8(scales[w], bcast16_mask(2 * c + 1));
-                for r in 0..R {
-                    let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y_lo[r]), s_lo);
-                    let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y_hi[r]), s_hi);
-                    sumi[w][r] = _mm256_add_epi32(sumi[w][r], _mm256_add_epi32(plo, phi));
-                }
+            let raw = load(bp.add(qs_at + 32 * c));
+            let mut lo = _mm256_and_si256(raw, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+            if HIGH {
+                lo = _mm256_or_si256(lo, bit_to_4(qh, 2 * c));
+                hi = _mm256_or_si256(hi, bit_to_4(qh, 2 * c + 1));
+            }
+            let s_lo = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c));
+            let s_hi = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c + 1));
+            for r in 0..R {
+                let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y_lo[r]), s_lo);
+                let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y_hi[r]), s_hi);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(plo, phi));
             }
         }
-        for w in 0..W {
-            let dw = f16_at(ws[w], i * bytes);
-            for r in 0..R {
-                let d = dw * yb[r].d;
-                acc[w][r] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[w][r]), acc[w][r]);
-            }
+        let dw = f16_at(w, i * bytes);
+        for r in 0..R {
+            let d = dw * yb[r].d;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
         }
     }
-    std::array::from_fn(|w| {
-        std::array::from_fn(|r| {
-            let mut m = [0.0f32; 4];
-            _mm_storeu_ps(m.as_mut_ptr(), mins4[w][r]);
-            hsum_ps(acc[w][r])
-                + if HIGH {
-                    mins1[w][r]
-                } else {
-                    (m[0] + m[2]) + (m[1] + m[3])
-                }
-        })
+    std::array::from_fn(|r| {
+        let mut m = [0.0f32; 4];
+        _mm_storeu_ps(m.as_mut_ptr(), mins4[r]);
+        hsum_ps(acc[r])
+            + if HIGH {
+                mins1[r]
+            } else {
+                (m[0] + m[2]) + (m[1] + m[3])
+            }
     })
 }
 
@@ -588,72 +514,61 @@ unsafe fn dot_q6k_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; 
     out
 }
 
-/// Q6_K, W weight rows against R activation rows (each output keeps the one-row operation order).
+/// Q6_K, one weight row against R activation rows (each output keeps the one-row operation order).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6k<const W: usize, const R: usize>(
-    ws: [&[u8]; W],
-    ys: [&[BlockQ8K]; R],
-) -> [[f32; R]; W] {
+unsafe fn dot_q6k<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
     let nb = ys[0].len();
-    assert!(ws.iter().all(|w| w.len() >= nb * 210) && ys.iter().all(|y| y.len() == nb));
+    assert!(w.len() >= nb * 210 && ys.iter().all(|y| y.len() == nb));
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(0x03);
-    let mut acc = [[_mm256_setzero_ps(); R]; W];
+    let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
-        let bp: [*const u8; W] = std::array::from_fn(|w| ws[w].as_ptr().add(i * 210));
+        let bp = w.as_ptr().add(i * 210);
         let yb: [&BlockQ8K; R] = std::array::from_fn(|r| ys[r].get_unchecked(i));
-        let sc8: [__m128i; W] =
-            std::array::from_fn(|w| _mm_loadu_si128(bp[w].add(192) as *const __m128i));
+        let sc8 = _mm_loadu_si128(bp.add(192) as *const __m128i);
         // The -32 offset through the Q8_K block sums, per lane as llama.cpp subtracts it:
         // lane k starts at -32 * (scale[2k] * bsum[2k] + scale[2k+1] * bsum[2k+1]).
-        let sc16: [__m256i; W] = std::array::from_fn(|w| _mm256_cvtepi8_epi16(sc8[w]));
-        let mut sumi: [[__m256i; R]; W] = std::array::from_fn(|w| {
-            std::array::from_fn(|r| {
-                let bs = _mm256_loadu_si256(yb[r].bsums.as_ptr() as *const __m256i);
-                _mm256_sub_epi32(
-                    _mm256_setzero_si256(),
-                    _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16[w], bs)),
-                )
-            })
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let mut sumi: [__m256i; R] = std::array::from_fn(|r| {
+            let bs = _mm256_loadu_si256(yb[r].bsums.as_ptr() as *const __m256i);
+            _mm256_sub_epi32(
+                _mm256_setzero_si256(),
+                _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs)),
+            )
         });
         for n in 0..2 {
             let y: [[__m256i; 4]; R] = std::array::from_fn(|r| {
                 let q8 = (yb[r].qs.as_ptr() as *const u8).add(128 * n);
                 std::array::from_fn(|j| load(q8.add(32 * j)))
             });
-            for w in 0..W {
-                let a = load(bp[w].add(64 * n));
-                let c = load(bp[w].add(64 * n + 32));
-                let h = load(bp[w].add(128 + 32 * n));
-                let quads = q6k_quads(a, c, h, m4, m3);
-                for (j, q) in quads.iter().enumerate() {
-                    let k = 8 * n + 2 * j;
-                    // Low 128 bits: scale k (elements 0..16 of the 32), high: scale k+1.
-                    let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                        sc8[w],
-                        _mm_set_epi64x(
-                            (0x0101_0101_0101_0101u64 * (k as u64 + 1)) as i64,
-                            (0x0101_0101_0101_0101u64 * k as u64) as i64,
-                        ),
-                    ));
-                    for r in 0..R {
-                        let p = _mm256_maddubs_epi16(*q, y[r][j]);
-                        sumi[w][r] = _mm256_add_epi32(sumi[w][r], _mm256_madd_epi16(p, sv));
-                    }
+            let a = load(bp.add(64 * n));
+            let c = load(bp.add(64 * n + 32));
+            let h = load(bp.add(128 + 32 * n));
+            let quads = q6k_quads(a, c, h, m4, m3);
+            for (j, q) in quads.iter().enumerate() {
+                let k = 8 * n + 2 * j;
+                // Low 128 bits: scale k (elements 0..16 of the 32), high: scale k+1.
+                let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                    sc8,
+                    _mm_set_epi64x(
+                        (0x0101_0101_0101_0101u64 * (k as u64 + 1)) as i64,
+                        (0x0101_0101_0101_0101u64 * k as u64) as i64,
+                    ),
+                ));
+                for r in 0..R {
+                    let p = _mm256_maddubs_epi16(*q, y[r][j]);
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sv));
                 }
             }
         }
-        for w in 0..W {
-            let dw = f16_at(ws[w], i * 210 + 208);
-            for r in 0..R {
-                let d = dw * yb[r].d;
-                acc[w][r] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[w][r]), acc[w][r]);
-            }
+        let dw = f16_at(w, i * 210 + 208);
+        for r in 0..R {
+            let d = dw * yb[r].d;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
         }
     }
-    std::array::from_fn(|w| std::array::from_fn(|r| hsum_ps(acc[w][r])))
+    std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
 /// ggml's `GGML_F32x8_REDUCE` of four 8-lane accumulators: (a0+a2) + (a1+a3), then the two

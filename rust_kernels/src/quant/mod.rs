@@ -131,24 +131,9 @@ pub fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
     vec_dot_scalar(t, w, acts, r)
 }
 
-/// One weight row against activation rows `r0 .. r0+R`; bit-identical to R calls of `vec_dot`.
-#[inline]
-pub fn vec_dot_rows<const R: usize>(
-    t: GgmlType,
-    w: &[u8],
-    acts: &Activations,
-    r0: usize,
-) -> [f32; R] {
-    #[cfg(target_arch = "x86_64")]
-    if simd::use_avx2() {
-        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::vec_dot_rows::<R>(t, w, acts, r0) };
-    }
-    std::array::from_fn(|i| vec_dot_scalar(t, w, acts, r0 + i))
-}
-
 /// One weight row against activation rows resolved once (`Activations::rows`), for the many weight
-/// rows of a decode step's stream; bit-identical to R calls of `vec_dot`.
+/// rows that meet one window of activation rows (a decode step or part of a prompt); bit-identical
+/// to R calls of `vec_dot`.
 #[inline]
 pub fn vec_dot_act_rows<const R: usize>(t: GgmlType, w: &[u8], ys: &ActRows<R>) -> [f32; R] {
     #[cfg(target_arch = "x86_64")]
@@ -157,39 +142,6 @@ pub fn vec_dot_act_rows<const R: usize>(t: GgmlType, w: &[u8], ys: &ActRows<R>) 
         return unsafe { avx2::vec_dot_act_rows::<R>(t, w, &ys.rows) };
     }
     std::array::from_fn(|i| vec_dot_scalar(t, w, ys.acts, ys.r0 + i))
-}
-
-/// True when `vec_dot_tile` has a fused kernel for `t` on this CPU's path.
-#[inline]
-pub fn has_tile(t: GgmlType) -> bool {
-    simd::use_avx2()
-        && matches!(
-            t,
-            GgmlType::Q8_0
-                | GgmlType::Q4_0
-                | GgmlType::Q5_0
-                | GgmlType::Q4K
-                | GgmlType::Q5K
-                | GgmlType::Q6K
-        )
-}
-
-/// W weight rows against activation rows `r0 .. r0+R` where a fused kernel exists (`has_tile`):
-/// `out[w][i]` is bit-identical to `vec_dot(t, ws[w], acts, r0 + i)`. `None` otherwise.
-#[inline]
-pub fn vec_dot_tile<const W: usize, const R: usize>(
-    t: GgmlType,
-    ws: [&[u8]; W],
-    acts: &Activations,
-    r0: usize,
-) -> Option<[[f32; R]; W]> {
-    #[cfg(target_arch = "x86_64")]
-    if simd::use_avx2() {
-        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::vec_dot_tile::<W, R>(t, ws, acts, r0) };
-    }
-    let _ = (t, ws, acts, r0);
-    None
 }
 
 /// The portable reference path (also the one used on CPUs without AVX2).
