@@ -397,10 +397,10 @@ unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     let mut mins4 = [_mm_setzero_ps(); R];
     let mut mins1 = [0.0f32; R];
+    // The mins term first, in a pass of its own: interleaved with the quants below, its R
+    // accumulators and the R float accumulators did not fit in registers beside the integer sums.
     for i in 0..nb {
-        let bp = w.as_ptr().add(i * bytes);
-        let sm = q45k_scales_mins(bp.add(4));
-        let scales = _mm256_permute2x128_si256::<0x00>(sm, sm);
+        let sm = q45k_scales_mins(w.as_ptr().add(i * bytes + 4));
         let mins8 = _mm256_extracti128_si256::<1>(sm);
         let dminw = _mm_set1_ps(f16_at(w, i * bytes + 2));
         for r in 0..R {
@@ -415,6 +415,11 @@ unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(
                 mins4[r] = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(prod), mins4[r]);
             }
         }
+    }
+    for i in 0..nb {
+        let bp = w.as_ptr().add(i * bytes);
+        let sm = q45k_scales_mins(bp.add(4));
+        let scales = _mm256_permute2x128_si256::<0x00>(sm, sm);
         let qh = if HIGH {
             load(bp.add(16))
         } else {
@@ -438,7 +443,7 @@ unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(
                 sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(plo, phi));
             }
         }
-        let dw = _mm256_set1_ps(f16_at(w, i * bytes));
+        let dw = opaque(_mm256_set1_ps(f16_at(w, i * bytes)));
         for r in 0..R {
             let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
@@ -501,7 +506,7 @@ unsafe fn dot_q6k_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; 
                 }
             }
         }
-        let dw = _mm256_set1_ps(f16_at(w, i * 210 + 208));
+        let dw = opaque(_mm256_set1_ps(f16_at(w, i * 210 + 208)));
         for r in 0..R {
             let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
