@@ -376,16 +376,20 @@ def test_attention_paths_are_bit_identical() -> None:
     np.testing.assert_array_equal(hk.attention(q, k.view(np.uint16), v.view(np.uint16), pos, 16), scalar)
 
 
-@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(8, 1, 72), (8, 2, 64), (6, 3, 40), (4, 4, 24), (4, 1, 256)])
-def test_grouped_heads_give_each_head_its_own_bits(n_head: int, n_kv: int, hd: int) -> None:
+@pytest.mark.parametrize(
+    ("n_head", "n_kv", "hd", "q_scale"),
+    [(8, 1, 72, 1.0), (8, 2, 64, 1.0), (6, 3, 40, 1.0), (4, 4, 24, 1.0), (4, 1, 256, 1.0), (4, 2, 256, 12.0)],
+)
+def test_grouped_heads_give_each_head_its_own_bits(n_head: int, n_kv: int, hd: int, q_scale: float) -> None:
     """Query heads sharing a KV head are computed together (4 or 2 per work item when there are
-    enough rows, one alone otherwise); each head's bits equal the scalar one-head loop's, for a
-    whole prompt and for each of its rows alone (where the grouping differs)."""
+    enough rows, one alone otherwise), softmax 8 scores at a time; each head's bits equal the
+    scalar one-head loop's, for a whole prompt and for each of its rows alone (where the grouping
+    differs). `q_scale` 12 spreads the scores past exp's underflow range (its slow lanes)."""
     rng = np.random.default_rng(n_head * hd + n_kv)
     ctx = 37
     k = rng.standard_normal((ctx, n_kv, hd)).astype(np.float16)
     v = rng.standard_normal((ctx, n_kv, hd)).astype(np.float16)
-    q = rng.standard_normal((ctx, n_head, hd)).astype(np.float32)
+    q = rng.standard_normal((ctx, n_head, hd)).astype(np.float32) * np.float32(q_scale)
     pos = np.arange(ctx, dtype=np.int32)
     ku, vu = k.view(np.uint16), v.view(np.uint16)
     for window in (0, 11):

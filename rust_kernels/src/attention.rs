@@ -116,27 +116,37 @@ impl Keys {
 
 /// ggml's softmax of one head's scores (keys `first..=last`): vectorised exp, sums per group of 8
 /// keys aligned to key 0 in f64, scaled by `(f32)(1/sum)`, then rounded to f16 as llama.cpp
-/// multiplies V by f16 probabilities.
-fn softmax_f16(p: &mut [f32], first: usize, last: usize) {
+/// multiplies V by f16 probabilities. The AVX2 path does the same per element, 8 at a time.
+#[inline(always)]
+fn softmax<const AVX: bool>(p: &mut [f32], first: usize, last: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        // SAFETY: as in `scores`.
+        unsafe { avx2::softmax(p, first, last) };
+        return;
+    }
     let max = p.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     for x in p.iter_mut() {
         *x = expf_ggml(*x - max);
     }
-    let mut sum = 0.0f64;
-    for group in (first / 8)..=(last / 8) {
-        let mut lanes = [0.0f32; 8];
-        for (l, lane) in lanes.iter_mut().enumerate() {
-            let j = 8 * group + l;
-            if (first..=last).contains(&j) {
-                *lane = p[j - first];
-            }
-        }
-        sum += hsum8(&lanes) as f64;
-    }
-    let scale = (1.0 / sum) as f32;
+    let scale = (1.0 / group_sum(p, first, last)) as f32;
     for x in p.iter_mut() {
         *x = f16::from_f32(*x * scale).to_f32();
     }
+}
+
+/// The softmax denominator: `hsum8` of each group of 8 keys aligned to key 0 (keys outside
+/// `first..=last` count as 0), the groups added in f64.
+#[inline(always)]
+fn group_sum(p: &[f32], first: usize, last: usize) -> f64 {
+    let mut sum = 0.0f64;
+    for group in (first / 8)..=(last / 8) {
+        let (lo, hi) = ((8 * group).max(first), (8 * group + 7).min(last));
+        let mut lanes = [0.0f32; 8];
+        lanes[lo - 8 * group..=hi - 8 * group].copy_from_slice(&p[lo - first..=hi - first]);
+        sum += hsum8(&lanes) as f64;
+    }
+    sum
 }
 
 /// The weighted sums of values of G heads over the same keys, as llama.cpp sums them: 8 lanes
@@ -208,7 +218,7 @@ fn heads<const AVX: bool, const G: usize, const N: usize>(
         }
     }
     for p in ps.iter_mut() {
-        softmax_f16(p, first, last);
+        softmax::<AVX>(p, first, last);
     }
     weighted_sum::<AVX, G>(std::array::from_fn(|g| ps[g].as_slice()), v, keys, hd, os);
 }
@@ -252,6 +262,34 @@ mod avx2 {
                 super::hsum8(&lanes)
             })
         })
+    }
+
+    /// `softmax` with the exp (`ops::avx2::expf8`, the scalar `expf_ggml`'s operations per lane)
+    /// and the f16 rounding (F16C, round to nearest even like `half`) 8 scores at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn softmax(p: &mut [f32], first: usize, last: usize) {
+        let n = p.len();
+        let n8 = n & !7;
+        let max = p.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let vmax = _mm256_set1_ps(max);
+        for i in (0..n8).step_by(8) {
+            let x = _mm256_sub_ps(_mm256_loadu_ps(p.as_ptr().add(i)), vmax);
+            _mm256_storeu_ps(p.as_mut_ptr().add(i), crate::ops::avx2::expf8(x));
+        }
+        for x in &mut p[n8..] {
+            *x = super::expf_ggml(*x - max);
+        }
+        let scale = (1.0 / super::group_sum(p, first, last)) as f32;
+        let vscale = _mm256_set1_ps(scale);
+        for i in (0..n8).step_by(8) {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(p.as_ptr().add(i)), vscale);
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            _mm256_storeu_ps(p.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        for x in &mut p[n8..] {
+            *x = super::f16::from_f32(*x * scale).to_f32();
+        }
     }
 
     /// `weighted_sum`'s lanes, lane by lane: for lane l and C chunks of 8 dims the G·C partial
