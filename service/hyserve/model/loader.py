@@ -22,6 +22,7 @@ from hyserve.model.architectures.qwen35moe import Qwen35Moe
 from hyserve.model.backend import CPU, DeviceError, open_backend
 from hyserve.model.chat_template import ChatTemplate
 from hyserve.model.gguf_file import GGUFError, GGUFFile
+from hyserve.model.heap import keep_freed_buffers
 from hyserve.model.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -90,6 +91,7 @@ def load_model(
 ) -> LoadedModel:
     """`device`: where the forward pass runs, "cpu", "gpu" or "auto" (see `backend.select`)."""
     start = time.perf_counter()
+    keep_freed_buffers()
     path = resolve_model_path(str(model))
     gguf = GGUFFile.open(path)
     arch_name = gguf.architecture
