@@ -34,6 +34,10 @@ const PREFETCH_AHEAD: usize = 4096;
 /// tiles for every format (Q5_0 by 17%: the tiles' 16 accumulators did not fit in registers).
 const STREAM_MAX: usize = 16;
 
+/// L2 budget for one group of a prompt's activation rows (this machine's L2: 512 KiB per core,
+/// shared with the weight rows and the outputs).
+const ACT_GROUP_BYTES: usize = 256 << 10;
+
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: every task writes a disjoint set of output elements.
@@ -66,18 +70,24 @@ pub fn matmul_many(
     let act_for = |t: GgmlType| &acts.iter().find(|(f, _)| *f == t.act_format()).unwrap().1;
 
     // Rows per task: enough work per task to hide scheduling; for prompts few enough that the
-    // task's weight rows stay in L1 while every window of activation rows passes over them.
+    // task's weight rows stay in L1 while the windows of activation rows pass over them.
     let chunk = if m <= STREAM_MAX { 64 } else { 16 };
-    let tasks: Vec<(usize, usize)> = ws
-        .iter()
-        .enumerate()
-        .flat_map(|(wi, w)| (0..w.rows.div_ceil(chunk)).map(move |c| (wi, c * chunk)))
+    let group = act_group_rows(m, cols);
+    // Group-major: rayon hands each thread a contiguous run of tasks, so a thread's consecutive
+    // tasks share one L2-sized group of activation rows (the weights stream once per group).
+    let tasks: Vec<(usize, usize, usize)> = (0..m)
+        .step_by(group)
+        .flat_map(|g0| {
+            ws.iter().enumerate().flat_map(move |(wi, w)| {
+                (0..w.rows.div_ceil(chunk)).map(move |c| (wi, c * chunk, g0))
+            })
+        })
         .collect();
     let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
     for (w, o) in ws.iter().zip(outs.iter()) {
         assert_eq!(o.len(), m * w.rows);
     }
-    tasks.par_iter().for_each(|&(wi, start)| {
+    tasks.par_iter().for_each(|&(wi, start, g0)| {
         if cancel.is_some_and(|c| c.is_set()) {
             return; // the caller reports the cancel; these outputs are never used
         }
@@ -88,10 +98,10 @@ pub fn matmul_many(
         // SAFETY (writes): (r, n) pairs are disjoint across tasks and within bounds (asserted above).
         let put = |r: usize, n: usize, v: f32| unsafe { *out.0.add(r * w.rows + n) = v };
         let rb = w.t.row_bytes(w.cols);
-        for r0 in (0..m).step_by(STREAM_MAX) {
+        for r0 in (g0..(g0 + group).min(m)).step_by(STREAM_MAX) {
             let blocks = RowBlocks::new(acts, r0, STREAM_MAX.min(m - r0));
             for n in start..end {
-                if r0 == 0 {
+                if r0 == g0 {
                     // The first window reads the rows from memory; later ones find them in L1.
                     prefetch(w.data, n * rb + PREFETCH_AHEAD, rb);
                 }
@@ -99,6 +109,17 @@ pub fn matmul_many(
             }
         }
     });
+}
+
+/// Activation rows per group of a prompt's matmul: a multiple of the window that keeps a group's
+/// quantized rows (~1.14 bytes per element for the Q8 formats) within `ACT_GROUP_BYTES`, so every
+/// task of a group finds them in L2; all `m` rows for a decode step.
+fn act_group_rows(m: usize, cols: usize) -> usize {
+    if m <= STREAM_MAX {
+        return m.max(1);
+    }
+    let fit = ACT_GROUP_BYTES / (cols + cols / 7).max(1);
+    fit.max(STREAM_MAX) / STREAM_MAX * STREAM_MAX
 }
 
 /// The `m <= STREAM_MAX` activation rows of a decode step in register blocks of 8 rows, then 4,
