@@ -23,7 +23,7 @@ impl Weight<'_> {
 }
 
 /// The middle register block of `RowBlocks` (after the blocks of 8 activation rows).
-const TILE: usize = 4;
+const MID_BLOCK: usize = 4;
 /// How far ahead of the weight row being read the row-at-a-time path prefetches: the hardware
 /// prefetchers stop at 4 KiB pages, which left a single weight stream at ~5 GB/s per core.
 const PREFETCH_AHEAD: usize = 4096;
@@ -122,13 +122,13 @@ fn act_group_rows(m: usize, cols: usize) -> usize {
     fit.max(STREAM_MAX) / STREAM_MAX * STREAM_MAX
 }
 
-/// The `m <= STREAM_MAX` activation rows of a decode step in register blocks of 8 rows, then 4,
-/// then one block of the 1-3 rows left, each resolved to slices once per task (per weight row it
-/// cost ~10% of a 16-row Gemma step). Each block reads the weight row once; it stays in L1 across
+/// One window of `m <= STREAM_MAX` activation rows (a decode step, or part of a prompt) in
+/// register blocks of 8 rows, then 4, then one block of the 1-3 rows left, each resolved to slices
+/// once per task (per weight row it cost ~10% of a 16-row Gemma step). Each block reads the weight row once; it stays in L1 across
 /// blocks; 8 rows amortize a block's unpacking best while the accumulators still fit in registers.
 struct RowBlocks<'a> {
     eights: [Option<ActRows<'a, 8>>; STREAM_MAX / 8],
-    four: Option<ActRows<'a, TILE>>,
+    four: Option<ActRows<'a, MID_BLOCK>>,
     three: Option<ActRows<'a, 3>>,
     two: Option<ActRows<'a, 2>>,
     one: Option<ActRows<'a, 1>>,
@@ -139,11 +139,11 @@ impl<'a> RowBlocks<'a> {
         debug_assert!(m <= STREAM_MAX);
         let at = |r: usize, len: usize| (r + len <= m).then_some(r0 + r);
         let n8 = m / 8 * 8;
-        let n4 = n8 + (m - n8) / TILE * TILE;
+        let n4 = n8 + (m - n8) / MID_BLOCK * MID_BLOCK;
         let rest = m - n4;
         Self {
             eights: std::array::from_fn(|i| at(8 * i, 8).map(|r| acts.rows::<8>(r))),
-            four: at(n8, TILE).map(|r| acts.rows::<TILE>(r)),
+            four: at(n8, MID_BLOCK).map(|r| acts.rows::<MID_BLOCK>(r)),
             three: (rest == 3).then(|| acts.rows::<3>(r0 + n4)),
             two: (rest == 2).then(|| acts.rows::<2>(r0 + n4)),
             one: (rest == 1).then(|| acts.rows::<1>(r0 + n4)),

@@ -179,28 +179,37 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     for t in TYPES {
-        let (rows, cols, m) = (45, cols_for(t), 6);
-        let data: Vec<u8> = (0..rows)
-            .flat_map(|_| random_row(t, cols, &mut rng))
-            .collect();
-        let w = Weight {
-            t,
-            data: &data,
-            rows,
-            cols,
-        };
-        let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
-        let mut all = vec![0.0f32; m * rows];
-        matmul_many(&[w], &x, m, &mut [&mut all], None);
-        for r in 0..m {
-            let mut one = vec![0.0f32; rows];
-            matmul_many(&[w], &x[r * cols..(r + 1) * cols], 1, &mut [&mut one], None);
-            assert_eq!(
-                one.as_slice(),
-                &all[r * rows..(r + 1) * rows],
-                "{t:?} row {r}"
-            );
-        }
+        assert_rows_match_one_row_results(t, 45, cols_for(t), 6, &mut rng);
+    }
+}
+
+/// `matmul_many` of `m` random activation rows against a random `rows x cols` weight: every
+/// output row equals the same row multiplied alone.
+fn assert_rows_match_one_row_results(
+    t: GgmlType,
+    rows: usize,
+    cols: usize,
+    m: usize,
+    rng: &mut impl Rng,
+) {
+    let data: Vec<u8> = (0..rows).flat_map(|_| random_row(t, cols, rng)).collect();
+    let w = Weight {
+        t,
+        data: &data,
+        rows,
+        cols,
+    };
+    let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+    let mut all = vec![0.0f32; m * rows];
+    matmul_many(&[w], &x, m, &mut [&mut all], None);
+    for r in 0..m {
+        let mut one = vec![0.0f32; rows];
+        matmul_many(&[w], &x[r * cols..(r + 1) * cols], 1, &mut [&mut one], None);
+        assert_eq!(
+            one.as_slice(),
+            &all[r * rows..(r + 1) * rows],
+            "{t:?} row {r}"
+        );
     }
 }
 
@@ -415,28 +424,7 @@ fn simd_quantizers_match_scalar() {
 fn matmul_prompt_groups_match_one_row_results() {
     let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
-    let (cols, rows, m) = (16384usize, 5usize, 40usize);
     for t in [GgmlType::Q8_0, GgmlType::Q4K] {
-        let data: Vec<u8> = (0..rows)
-            .flat_map(|_| random_row(t, cols, &mut rng))
-            .collect();
-        let w = Weight {
-            t,
-            data: &data,
-            rows,
-            cols,
-        };
-        let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
-        let mut all = vec![0.0f32; m * rows];
-        matmul_many(&[w], &x, m, &mut [&mut all], None);
-        for r in 0..m {
-            let mut one = vec![0.0f32; rows];
-            matmul_many(&[w], &x[r * cols..(r + 1) * cols], 1, &mut [&mut one], None);
-            assert_eq!(
-                one.as_slice(),
-                &all[r * rows..(r + 1) * rows],
-                "{t:?} row {r}"
-            );
-        }
+        assert_rows_match_one_row_results(t, 5, 16384, 40, &mut rng);
     }
 }
