@@ -26,6 +26,7 @@ from test_gpu_models import TEXT  # noqa: E402
 from hyserve.logging_setup import configure_logging  # noqa: E402
 from hyserve.model.architectures.base import Logits, Segment  # noqa: E402
 from hyserve.model.backend import open_backend  # noqa: E402
+from hyserve.model.backend.base import AttentionSpan  # noqa: E402
 from hyserve.model.backend.cpu import CpuBackend  # noqa: E402
 from hyserve.model.backend.gpu import GpuBackend  # noqa: E402
 from hyserve.model.gguf_file import GGUFFile  # noqa: E402
@@ -101,16 +102,19 @@ class TracingBackend(CpuBackend):
         super().add_(dst, a)
         self.compare("add", dst, g)
 
-    def attention(self, cache, start, q, k, v, rows, positions, window, kq_scale, out):
-        gc = self._caches.get(id(cache))
-        if gc is None:  # a device cache that follows the CPU one (same K/V rows written)
-            gc = self._caches[id(cache)] = self.gpu.kv_cache(*cache.k.shape)
-        super().attention(cache, start, q, k, v, rows, positions, window, kq_scale, out)
+    def attention(self, spans, q, k, v, positions, window, kq_scale, out):
+        super().attention(spans, q, k, v, positions, window, kq_scale, out)
+        g_spans = []
+        for cache, start, rows in spans:
+            gc = self._caches.get(id(cache))
+            if gc is None:  # a device cache that follows the CPU one (same K/V rows written)
+                gc = self._caches[id(cache)] = self.gpu.kv_cache(*cache.k.shape)
+            g_spans.append(AttentionSpan(gc, start, rows))
         g_out = self.up(out)
-        g_args = (self.up(q), self.up(k), self.up(v), rows, self.up(positions), window, kq_scale, g_out)
-        self.gpu.attention(gc, start, *g_args)
-        picked = self.gpu.take_rows(g_out, np.arange(rows.start, rows.stop, dtype=np.int32))
-        self.compare("attention", out[rows], picked)
+        self.gpu.attention(g_spans, self.up(q), self.up(k), self.up(v), self.up(positions), window, kq_scale, g_out)
+        for _, _, rows in spans:
+            picked = self.gpu.take_rows(g_out, np.arange(rows.start, rows.stop, dtype=np.int32))
+            self.compare("attention", out[rows], picked)
 
     def moe_ffn(self, moe, x, cancel=None):
         r = super().moe_ffn(moe, x)

@@ -388,6 +388,17 @@ fn heads_per_item(rows: usize, n_head: usize, group: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// One sequence's rows of a batch: rows `rows` of `q` (and of the output) attend over that
+/// sequence's cache `k`, `v` (cache_len × n_kv × head_dim f16 bits), row `rows.start + i` sitting at
+/// cache position `positions[i]`.
+pub struct Span<'a> {
+    pub rows: std::ops::Range<usize>,
+    pub k: &'a [u16],
+    pub v: &'a [u16],
+    pub positions: &'a [i32],
+}
+
+/// `attention_spans` for one sequence holding every row of `q`.
 pub fn attention(
     q: &[f32],
     k: &[u16],
@@ -396,19 +407,48 @@ pub fn attention(
     s: &AttentionShape,
     out: &mut [f32],
 ) {
+    let rows = 0..positions.len();
+    attention_spans(
+        q,
+        &[Span {
+            rows,
+            k,
+            v,
+            positions,
+        }],
+        s,
+        out,
+    );
+}
+
+/// Every span's rows of `q` over its own cache, in one parallel pass (a decode step of k
+/// sequences is one dispatch, not k). Spans must be disjoint; rows outside every span are left
+/// as they were in `out`. Each (row, head) result is the same as in a batch of its own.
+pub fn attention_spans(q: &[f32], spans: &[Span], s: &AttentionShape, out: &mut [f32]) {
     let (hd, n_head) = (s.head_dim, s.n_head);
     let group = n_head / s.n_kv;
     let kv_row = s.n_kv * hd;
     let use_avx2 = crate::simd::use_avx2();
-    let per_item = heads_per_item(positions.len(), n_head, group);
+    let rows: usize = spans.iter().map(|sp| sp.rows.len()).sum();
+    let per_item = heads_per_item(rows, n_head, group);
+    let items_per_row = n_head / per_item;
+    // the span of each output row, None for rows no span covers
+    let mut span_of = vec![None; out.len() / (n_head * hd)];
+    for (i, sp) in spans.iter().enumerate() {
+        debug_assert_eq!(sp.rows.len(), sp.positions.len());
+        for r in sp.rows.clone() {
+            debug_assert!(span_of[r].is_none(), "spans overlap at row {r}");
+            span_of[r] = Some(i);
+        }
+    }
     out.par_chunks_mut(per_item * hd)
         .enumerate()
         .for_each(|(idx, os)| {
-            let (row, h0) = (
-                idx / (n_head / per_item),
-                idx % (n_head / per_item) * per_item,
-            );
-            let last = positions[row] as usize;
+            let (row, h0) = (idx / items_per_row, idx % items_per_row * per_item);
+            let Some(sp) = span_of[row].map(|i| &spans[i]) else {
+                return;
+            };
+            let last = sp.positions[row - sp.rows.start] as usize;
             let first = if s.window > 0 {
                 (last + 1).saturating_sub(s.window)
             } else {
@@ -422,6 +462,7 @@ pub fn attention(
                 last,
                 kq_scale: s.kq_scale,
             };
+            let (k, v) = (sp.k, sp.v);
             match per_item {
                 4 => run::<4, 2>(use_avx2, std::array::from_fn(q_at), k, v, keys, os),
                 2 => run::<2, 4>(use_avx2, std::array::from_fn(q_at), k, v, keys, os),
@@ -430,7 +471,6 @@ pub fn attention(
         });
 }
 
-/// `heads` on the AVX2 path when the CPU has it, else on the portable one.
 fn run<const G: usize, const N: usize>(
     use_avx2: bool,
     qs: [&[f32]; G],

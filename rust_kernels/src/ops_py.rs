@@ -147,6 +147,39 @@ fn silu<'py>(
     Ok(Array1::from_vec(v).into_pyarray(py))
 }
 
+/// One sequence's f16 cache checked against `q`'s head shape: (cache_len, n_kv).
+fn cache_shape(
+    q_shape: &[usize],
+    k: &PyReadonlyArray3<'_, u16>,
+    v: &PyReadonlyArray3<'_, u16>,
+) -> PyResult<(usize, usize)> {
+    let (n_head, hd) = (q_shape[1], q_shape[2]);
+    let (cache_len, n_kv) = (k.shape()[0], k.shape()[1]);
+    if k.shape() != v.shape() || k.shape()[2] != hd || n_kv == 0 || n_head % n_kv != 0 {
+        return Err(value_error(format!(
+            "bad attention shapes q {q_shape:?} k {:?} v {:?}",
+            k.shape(),
+            v.shape()
+        )));
+    }
+    Ok((cache_len, n_kv))
+}
+
+/// `positions` as a slice of `rows` cache positions, each inside a cache of `cache_len`.
+fn positions_in<'a>(
+    positions: &'a PyReadonlyArray1<'_, i32>,
+    rows: usize,
+    cache_len: usize,
+) -> PyResult<&'a [i32]> {
+    let pos = contiguous(positions, "positions")?;
+    if pos.len() != rows || pos.iter().any(|&p| p < 0 || p as usize >= cache_len) {
+        return Err(value_error(format!(
+            "positions must be {rows} values in 0..{cache_len}"
+        )));
+    }
+    Ok(pos)
+}
+
 /// Attention of `q` (rows × n_head × head_dim, pre-scaled) over f16 caches `k`, `v`
 /// (cache_len × n_kv × head_dim, as uint16 bits); row i at `positions[i]` sees keys up to it,
 /// within `window` if nonzero.
@@ -162,21 +195,8 @@ fn py_attention<'py>(
     kq_scale: f32,
 ) -> PyResult<Bound<'py, PyArray3<f32>>> {
     let (rows, n_head, hd) = (q.shape()[0], q.shape()[1], q.shape()[2]);
-    let (cache_len, n_kv) = (k.shape()[0], k.shape()[1]);
-    if k.shape() != v.shape() || k.shape()[2] != hd || n_kv == 0 || n_head % n_kv != 0 {
-        return Err(value_error(format!(
-            "bad attention shapes q {:?} k {:?} v {:?}",
-            q.shape(),
-            k.shape(),
-            v.shape()
-        )));
-    }
-    let pos = contiguous(&positions, "positions")?;
-    if pos.len() != rows || pos.iter().any(|&p| p < 0 || p as usize >= cache_len) {
-        return Err(value_error(format!(
-            "positions must be {rows} values in 0..{cache_len}"
-        )));
-    }
+    let (cache_len, n_kv) = cache_shape(q.shape(), &k, &v)?;
+    let pos = positions_in(&positions, rows, cache_len)?;
     let (qs, ks, vs) = (
         contiguous(&q, "q")?,
         contiguous(&k, "k")?,
@@ -199,6 +219,75 @@ fn py_attention<'py>(
         .into_pyarray(py))
 }
 
+/// One sequence's part of `attention_spans`: (first row, end row, K bits, V bits, positions).
+type PySpan<'py> = (
+    usize,
+    usize,
+    PyReadonlyArray3<'py, u16>,
+    PyReadonlyArray3<'py, u16>,
+    PyReadonlyArray1<'py, i32>,
+);
+
+/// Several sequences' rows of one batch in one call: for each span (row0, row1, k, v, positions),
+/// rows row0..row1 of `q` (rows × n_head × head_dim) attend over that sequence's own cache as
+/// `attention` does, written into the same rows of `out` (rows × n_head*head_dim); rows outside
+/// every span are left as they are. Spans must not overlap.
+#[pyfunction]
+#[pyo3(signature = (q, spans, out, window=0, kq_scale=1.0))]
+fn attention_spans<'py>(
+    py: Python<'py>,
+    q: PyReadonlyArray3<'py, f32>,
+    spans: Vec<PySpan<'py>>,
+    mut out: PyReadwriteArray2<'py, f32>,
+    window: usize,
+    kq_scale: f32,
+) -> PyResult<()> {
+    let (rows, n_head, hd) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+    if out.shape() != [rows, n_head * hd] {
+        return Err(value_error(format!(
+            "out must be {rows} x {} floats, got {:?}",
+            n_head * hd,
+            out.shape()
+        )));
+    }
+    let mut n_kv = None;
+    let mut covered = vec![false; rows];
+    let mut parts = Vec::with_capacity(spans.len());
+    for (r0, r1, k, v, positions) in &spans {
+        let (cache_len, kv) = cache_shape(q.shape(), k, v)?;
+        if *n_kv.get_or_insert(kv) != kv {
+            return Err(value_error(
+                "every span's cache must have the same KV heads",
+            ));
+        }
+        if r0 > r1 || *r1 > rows || covered[*r0..*r1].iter().any(|&c| c) {
+            return Err(value_error(format!(
+                "span rows {r0}..{r1} must lie in 0..{rows} and not overlap another span"
+            )));
+        }
+        covered[*r0..*r1].fill(true);
+        parts.push(attention::Span {
+            rows: *r0..*r1,
+            k: contiguous(k, "k")?,
+            v: contiguous(v, "v")?,
+            positions: positions_in(positions, r1 - r0, cache_len)?,
+        });
+    }
+    let shape = attention::AttentionShape {
+        n_head,
+        n_kv: n_kv.unwrap_or(1),
+        head_dim: hd,
+        window,
+        kq_scale,
+    };
+    let qs = contiguous(&q, "q")?;
+    let os = out
+        .as_slice_mut()
+        .map_err(|_| value_error("out must be a C-contiguous array"))?;
+    py.detach(|| threads::run(|| attention::attention_spans(qs, &parts, &shape, os)));
+    Ok(())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(rope, m)?)?;
@@ -207,5 +296,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gelu, m)?)?;
     m.add_function(wrap_pyfunction!(silu, m)?)?;
     m.add_function(wrap_pyfunction!(py_attention, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_spans, m)?)?;
     Ok(())
 }

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hyserve.model.architectures.base import Segment, logit_rows, split_logits
-from hyserve.model.backend.base import Backend, Matrix, Tensor
+from hyserve.model.backend.base import AttentionSpan, Backend, Matrix, Tensor
 from hyserve.model.backend.cpu import CPU
 from hyserve.model.memory import RecurrentState, SequenceMemory, WindowCache
 
@@ -39,6 +39,7 @@ def attend(
     """
     rows = q.shape[0]
     out = ops.empty((rows, math.prod(q.shape[1:])))
+    jobs = []
     for seg, span in zip(segments, spans):
         if span.stop == span.start:
             continue
@@ -46,7 +47,8 @@ def attend(
         if seg.inputs is not None and isinstance(cache, WindowCache):  # kept for replays, as the ring holds them
             n, hd = span.stop - span.start, cache.k.shape[2]
             seg.inputs[layer] = tuple(t[span].reshape(n, -1, hd).astype(np.float16) for t in (k, v))
-        ops.attention(cache, seg.memory.n_tokens, q, k, v, span, positions, window, kq_scale, out)
+        jobs.append(AttentionSpan(cache, seg.memory.n_tokens, span))
+    ops.attention(jobs, q, k, v, positions, window, kq_scale, out)
     return out
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import hyserve_kernels as hk
 import numpy as np
@@ -15,6 +15,15 @@ from hyserve.model.backend.recurrent_base import RecurrentOps
 Tensor = Any
 # A weight matrix: `hk.QMatrix` (CPU) or `hk.GpuMatrix` (GPU); both have `.rows` and `.cols`.
 Matrix = Any
+
+
+class AttentionSpan(NamedTuple):
+    """One sequence's rows of a batch and where its keys go: `cache` (that sequence's layer cache)
+    receives them from position `start` on."""
+
+    cache: Any
+    start: int
+    rows: slice
 
 
 class Backend(RecurrentOps, Protocol):
@@ -61,20 +70,19 @@ class Backend(RecurrentOps, Protocol):
 
     def attention(
         self,
-        cache: Any,
-        start: int,
+        spans: Sequence[AttentionSpan],
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        rows: slice,
         positions: Tensor,
         window: int,
         kq_scale: float,
         out: Tensor,
     ) -> None:
-        """Append rows `rows` of k, v (rows x n_kv*head_dim) to `cache` at position `start`,
-        attend the same rows of q (rows x n_head*head_dim) over it, write them into `out`
-        (rows x n_head*head_dim)."""
+        """For each span (one sequence's rows of the batch): append rows `span.rows` of k, v
+        (rows x n_kv*head_dim) to `span.cache` at position `span.start`, attend the same rows of q
+        (rows x n_head*head_dim) over that cache and write them into `out` (rows x
+        n_head*head_dim). All spans of a layer come in one call (one dispatch for a decode step)."""
         ...
 
     # -- mixture-of-experts FFN (qwen35moe, qwen3next)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import hyserve_kernels as hk
 import numpy as np
 
+from hyserve.model.backend.base import AttentionSpan
 from hyserve.model.backend.recurrent_cpu import CpuRecurrentOps
 from hyserve.model.memory import KVCache
 
@@ -79,26 +80,28 @@ class CpuBackend(CpuRecurrentOps):
 
     def attention(
         self,
-        cache: KVCache,
-        start: int,
+        spans: Sequence[AttentionSpan],
         q: np.ndarray,
         k: np.ndarray,
         v: np.ndarray,
-        rows: slice,
         positions: np.ndarray,
         window: int,
         kq_scale: float,
         out: np.ndarray,
     ) -> None:
-        end = start + (rows.stop - rows.start)
-        hd = cache.k.shape[2]
+        if not spans:
+            return
+        hd = spans[0].cache.k.shape[2]
         q, k, v = (t.reshape(len(t), -1, hd) for t in (q, k, v))
-        cache.write(start, k[rows], v[rows])
-        # a ring-buffer window cache hands over its keys from `base` on: positions shift with them
-        k_bits, v_bits, base = cache.attention_view(start, end, window)
-        pos = positions[rows] if base == 0 else positions[rows] - base
-        a = hk.attention(q[rows], k_bits, v_bits, pos, window, kq_scale)
-        out[rows] = a.reshape(rows.stop - rows.start, -1)
+        jobs = []
+        for cache, start, rows in spans:
+            end = start + (rows.stop - rows.start)
+            cache.write(start, k[rows], v[rows])
+            # a ring-buffer window cache hands over its keys from `base` on: positions shift with them
+            k_bits, v_bits, base = cache.attention_view(start, end, window)
+            pos = positions[rows] if base == 0 else positions[rows] - base
+            jobs.append((rows.start, rows.stop, k_bits, v_bits, np.ascontiguousarray(pos, np.int32)))
+        hk.attention_spans(q, jobs, out, window, kq_scale)
 
     def moe(self, ffn: hk.MoeFfn) -> hk.MoeFfn:
         return ffn

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import hyserve_kernels as hk
 import numpy as np
 
+from hyserve.model.backend.base import AttentionSpan
 from hyserve.model.backend.recurrent_gpu import GpuRecurrentOps
 
 
@@ -112,21 +113,21 @@ class GpuBackend(GpuRecurrentOps):
 
     def attention(
         self,
-        cache: GpuKVCache,
-        start: int,
+        spans: Sequence[AttentionSpan],
         q: hk.GpuTensor,
         k: hk.GpuTensor,
         v: hk.GpuTensor,
-        rows: slice,
         positions: hk.GpuTensor,
         window: int,
         kq_scale: float,
         out: hk.GpuTensor,
     ) -> None:
-        n_head = q.nbytes // 4 // positions.shape[0] // cache.head_dim
-        self.device.attention(
-            cache.cache, q, k, v, positions, out, rows.start, rows.stop - rows.start, start, n_head, window, kq_scale
-        )
+        for cache, start, rows in spans:
+            n_head = q.nbytes // 4 // positions.shape[0] // cache.head_dim
+            n_rows = rows.stop - rows.start
+            self.device.attention(
+                cache.cache, q, k, v, positions, out, rows.start, n_rows, start, n_head, window, kq_scale
+            )
 
     def moe(self, ffn: hk.MoeFfn) -> hk.GpuMoeFfn:
         # the expert tensors in their block formats, one upload each (a fused gate_up once)

@@ -1,0 +1,72 @@
+"""`hk.attention_spans`: several sequences' rows of one batch attend over their own caches in one
+call (a decode step of k sequences is one dispatch), each span with the bits of its own
+`hk.attention` call; bad spans are refused before anything is written."""
+
+from __future__ import annotations
+
+import hyserve_kernels as hk
+import numpy as np
+import pytest
+
+
+def cache(rng: np.random.Generator, n: int, n_kv: int, hd: int) -> tuple[np.ndarray, np.ndarray]:
+    k, v = (rng.standard_normal((n, n_kv, hd)).astype(np.float16).view(np.uint16) for _ in range(2))
+    return k, v
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(4, 1, 256), (8, 2, 64), (6, 3, 40)])
+@pytest.mark.parametrize("window", [0, 5])
+def test_each_span_has_the_bits_of_its_own_call(n_head: int, n_kv: int, hd: int, window: int) -> None:
+    """Spans of 1 row (decode) and several rows (a prompt chunk beside them), caches of different
+    lengths, a row left outside every span (an empty segment): untouched."""
+    rng = np.random.default_rng(n_head * hd + window)
+    lengths, span_rows = [9, 40, 17, 3], [(0, 1), (1, 2), (2, 7), (8, 9)]
+    rows = 9
+    q = rng.standard_normal((rows, n_head, hd)).astype(np.float32)
+    caches = [cache(rng, n, n_kv, hd) for n in lengths]
+    jobs = []
+    for (r0, r1), n, (k, v) in zip(span_rows, lengths, caches):
+        pos = np.arange(n - (r1 - r0), n, dtype=np.int32)  # the span's rows are the cache's last
+        jobs.append((r0, r1, k, v, pos))
+    out = np.full((rows, n_head * hd), 7.0, np.float32)
+    hk.attention_spans(q, jobs, out, window, 1.0)
+    for r0, r1, k, v, pos in jobs:
+        alone = hk.attention(q[r0:r1], k, v, pos, window)
+        np.testing.assert_array_equal(out[r0:r1], alone.reshape(r1 - r0, -1))
+    np.testing.assert_array_equal(out[7], np.full(n_head * hd, 7.0, np.float32))
+
+
+def test_kq_scale_and_no_spans() -> None:
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 4, 32)).astype(np.float32)
+    k, v = cache(rng, 6, 2, 32)
+    pos = np.array([4, 5], np.int32)
+    out = np.zeros((2, 128), np.float32)
+    hk.attention_spans(q, [(0, 2, k, v, pos)], out, 0, 0.25)
+    np.testing.assert_array_equal(out, hk.attention(q, k, v, pos, 0, 0.25).reshape(2, -1))
+    before = out.copy()
+    hk.attention_spans(q, [], out)
+    np.testing.assert_array_equal(out, before)
+
+
+def test_bad_spans_are_refused_and_write_nothing() -> None:
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((3, 4, 32)).astype(np.float32)
+    k, v = cache(rng, 6, 2, 32)
+    k1, v1 = cache(rng, 6, 1, 32)
+    pos1, pos2 = np.array([5], np.int32), np.array([4, 5], np.int32)
+    out = np.zeros((3, 128), np.float32)
+    bad = {
+        "overlap": [(0, 2, k, v, pos2), (1, 2, k, v, pos1)],
+        "past the batch": [(2, 4, k, v, pos2)],
+        "position past the cache": [(0, 1, k, v, np.array([6], np.int32))],
+        "positions not one per row": [(0, 2, k, v, pos1)],
+        "different KV heads": [(0, 1, k, v, pos1), (1, 2, k1, v1, pos1)],
+        "K and V shapes differ": [(0, 1, k, v1, pos1)],
+    }
+    for why, jobs in bad.items():
+        with pytest.raises(ValueError):
+            hk.attention_spans(q, jobs, out)
+        assert not out.any(), why
+    with pytest.raises(ValueError, match="out must be"):
+        hk.attention_spans(q, [(0, 1, k, v, pos1)], np.zeros((3, 64), np.float32))
