@@ -1,6 +1,7 @@
 """`hk.attention_spans`: several sequences' rows of one batch attend over their own caches in one
 call (a decode step of k sequences is one dispatch), each span with the bits of its own
-`hk.attention` call; bad spans are refused before anything is written."""
+`hk.attention` call and each row with the bits of a call of its own (several rows share a work
+item when a span has enough of them); bad spans are refused before anything is written."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def test_each_span_has_the_bits_of_its_own_call(n_head: int, n_kv: int, hd: int,
     for r0, r1, k, v, pos in jobs:
         alone = hk.attention(q[r0:r1], k, v, pos, window)
         np.testing.assert_array_equal(out[r0:r1], alone.reshape(r1 - r0, -1))
+        for i in range(r0, r1):  # a row alone (one row per work item) gives the same bits
+            one = hk.attention(q[i : i + 1], k, v, pos[i - r0 : i - r0 + 1], window)
+            np.testing.assert_array_equal(out[i], one.reshape(-1))
     np.testing.assert_array_equal(out[7], np.full(n_head * hd, 7.0, np.float32))
 
 
