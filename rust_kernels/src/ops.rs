@@ -222,6 +222,18 @@ pub(crate) mod avx2 {
         super::gated(&gate[n8..n], &up[n8..n], super::gelu, &mut out[n8..n]);
     }
 
+    /// `super::store_f16` 8 values at a time; returns how many it converted (a multiple of 8).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn store_f16(src: &[f32], dst: &mut [u16]) -> usize {
+        let n8 = src.len().min(dst.len()) & !7;
+        for i in (0..n8).step_by(8) {
+            let h =
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+            _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+        }
+        n8
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
         let n = out.len().min(gate.len()).min(up.len());
@@ -232,6 +244,21 @@ pub(crate) mod avx2 {
             _mm256_storeu_ps(o.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.add(i))));
         }
         super::swiglu_body(&gate[n8..n], &up[n8..n], &mut out[n8..n]);
+    }
+}
+
+/// `src` rounded to f16 (to nearest even, as llama.cpp's F16C conversion and numpy's `astype`)
+/// into `dst` as bits: a KV cache write without numpy's per-element cast.
+pub fn store_f16(src: &[f32], dst: &mut [u16]) {
+    assert_eq!(src.len(), dst.len());
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx2() {
+        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
+        done = unsafe { avx2::store_f16(src, dst) };
+    }
+    for (d, &x) in dst[done..].iter_mut().zip(&src[done..]) {
+        *d = half::f16::from_f32(x).to_bits();
     }
 }
 

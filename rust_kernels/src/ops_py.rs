@@ -5,7 +5,8 @@ use crate::{attention, contiguous, ops, threads, value_error};
 use numpy::ndarray::{Array1, Array2, Array3};
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2,
-    PyReadonlyArray3, PyReadwriteArray2, PyUntypedArrayMethods,
+    PyReadonlyArray3, PyReadonlyArrayDyn, PyReadwriteArray2, PyReadwriteArrayDyn,
+    PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 
@@ -288,6 +289,30 @@ fn attention_spans<'py>(
     Ok(())
 }
 
+/// `src` (float32, any shape) rounded to f16 bits into `dst` (uint16, as many elements, e.g. a
+/// `float16` cache slice viewed as uint16): what `dst[...] = src` does in numpy, without its slow
+/// per-element cast.
+#[pyfunction]
+fn store_f16(
+    py: Python<'_>,
+    src: PyReadonlyArrayDyn<'_, f32>,
+    mut dst: PyReadwriteArrayDyn<'_, u16>,
+) -> PyResult<()> {
+    let s = contiguous(&src, "src")?;
+    let d = dst
+        .as_slice_mut()
+        .map_err(|_| value_error("dst must be a C-contiguous array"))?;
+    if s.len() != d.len() {
+        return Err(value_error(format!(
+            "src has {} values, dst {}",
+            s.len(),
+            d.len()
+        )));
+    }
+    py.detach(|| ops::store_f16(s, d));
+    Ok(())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rms_norm, m)?)?;
     m.add_function(wrap_pyfunction!(rope, m)?)?;
@@ -297,5 +322,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(silu, m)?)?;
     m.add_function(wrap_pyfunction!(py_attention, m)?)?;
     m.add_function(wrap_pyfunction!(attention_spans, m)?)?;
+    m.add_function(wrap_pyfunction!(store_f16, m)?)?;
     Ok(())
 }

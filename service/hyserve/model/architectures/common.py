@@ -10,7 +10,7 @@ import numpy as np
 from hyserve.model.architectures.base import Segment, logit_rows, split_logits
 from hyserve.model.backend.base import AttentionSpan, Backend, Matrix, Tensor
 from hyserve.model.backend.cpu import CPU
-from hyserve.model.memory import RecurrentState, SequenceMemory, WindowCache
+from hyserve.model.memory import RecurrentState, SequenceMemory, WindowCache, as_f16
 
 
 def inv_sqrt_f32(n: float) -> np.float32:
@@ -46,7 +46,7 @@ def attend(
         cache = seg.memory.kv[layer]
         if seg.inputs is not None and isinstance(cache, WindowCache):  # kept for replays, as the ring holds them
             n, hd = span.stop - span.start, cache.k.shape[2]
-            seg.inputs[layer] = tuple(t[span].reshape(n, -1, hd).astype(np.float16) for t in (k, v))
+            seg.inputs[layer] = tuple(as_f16(t[span].reshape(n, -1, hd)) for t in (k, v))
         jobs.append(AttentionSpan(cache, seg.memory.n_tokens, span))
     ops.attention(jobs, q, k, v, positions, window, kq_scale, out)
     return out

@@ -1,7 +1,8 @@
 """`hk.attention_spans`: several sequences' rows of one batch attend over their own caches in one
 call (a decode step of k sequences is one dispatch), each span with the bits of its own
 `hk.attention` call and each row with the bits of a call of its own (several rows share a work
-item when a span has enough of them); bad spans are refused before anything is written."""
+item when a span has enough of them); bad spans are refused before anything is written. Also the
+cache writes beside it (`hk.store_f16`): numpy's f16 bits, without numpy's slow cast."""
 
 from __future__ import annotations
 
@@ -74,3 +75,35 @@ def test_bad_spans_are_refused_and_write_nothing() -> None:
         assert not out.any(), why
     with pytest.raises(ValueError, match="out must be"):
         hk.attention_spans(q, [(0, 1, k, v, pos1)], np.zeros((3, 64), np.float32))
+
+
+def test_store_f16_rounds_as_numpy() -> None:
+    """Cache writes round in the kernel wheel (F16C, to nearest even): the bits of numpy's cast for
+    normal, subnormal, tie, overflowing and signed-zero values, at lengths with a scalar tail."""
+    rng = np.random.default_rng(6)
+    ties = (np.arange(1, 200, dtype=np.float32) * np.float32(2**-11) + np.float32(2**-12)).astype(np.float32)
+    special = np.array([0.0, -0.0, 65504.0, 65520.0, 1e6, -1e6, 6e-8, -3e-8, 1e-9, np.inf, -np.inf], np.float32)
+    for x in (rng.standard_normal(1003).astype(np.float32) * 300, ties, special, np.ones(7, np.float32)):
+        dst = np.empty(len(x), np.float16)
+        hk.store_f16(x, dst.view(np.uint16))
+        with np.errstate(over="ignore"):  # numpy warns where the value overflows to inf
+            want = x.astype(np.float16)
+        np.testing.assert_array_equal(dst.view(np.uint16), want.view(np.uint16))
+    with pytest.raises(ValueError, match="values"):
+        hk.store_f16(np.zeros(4, np.float32), np.zeros(5, np.uint16))
+
+
+def test_cache_writes_keep_numpy_bits_and_wrap_the_ring() -> None:
+    from hyserve.model.memory import KVCache, WindowCache
+
+    rng = np.random.default_rng(7)
+    k, v = (rng.standard_normal((13, 2, 16)).astype(np.float32) for _ in range(2))
+    flat = KVCache(32, 2, 16)
+    flat.write(5, k, v)
+    np.testing.assert_array_equal(flat.k[5:18].view(np.uint16), k.astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(flat.v[5:18].view(np.uint16), v.astype(np.float16).view(np.uint16))
+    ring = WindowCache(24, 8, 2, 16)
+    ring.write(17, k, v)  # positions 17..29: ring slots 17..23 then 0..5
+    got_k, got_v = ring.read(17, 30)
+    np.testing.assert_array_equal(got_k.view(np.uint16), k.astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(got_v.view(np.uint16), v.astype(np.float16).view(np.uint16))
