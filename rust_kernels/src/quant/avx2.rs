@@ -37,12 +37,6 @@ pub unsafe fn vec_dot_act_rows<const R: usize>(
         (GgmlType::Q5_0, RowSlices::Q8_0(ys)) => dot_q5_0::<R>(w, *ys),
         (GgmlType::Q4_1, RowSlices::Q8_1(ys)) => dot_q4_1::<R>(w, *ys),
         (GgmlType::Q5_1, RowSlices::Q8_1(ys)) => dot_q5_1::<R>(w, *ys),
-        // One row keeps the one-row kernels' code (`dot_q45k`, `dot_q6k`); several rows take the
-        // kernels that do each row's scale work as vector products and read the precomputed
-        // sub-block sums.
-        (GgmlType::Q4K, RowSlices::Q8K(ys)) if R == 1 => dot_q45k::<false, R>(w, *ys),
-        (GgmlType::Q5K, RowSlices::Q8K(ys)) if R == 1 => dot_q45k::<true, R>(w, *ys),
-        (GgmlType::Q6K, RowSlices::Q8K(ys)) if R == 1 => dot_q6k::<R>(w, *ys),
         (GgmlType::Q4K, RowSlices::Q8K(ys)) => dot_q45k_rows::<false, R>(w, *ys),
         (GgmlType::Q5K, RowSlices::Q8K(ys)) => dot_q45k_rows::<true, R>(w, *ys),
         (GgmlType::Q6K, RowSlices::Q8K(ys)) => dot_q6k_rows::<R>(w, *ys),
@@ -295,93 +289,15 @@ unsafe fn bit_to_4(qh: __m256i, b: usize) -> __m256i {
     }
 }
 
-/// Q4_K and Q5_K, one weight row against R activation rows. They share everything but the 5th bit
-/// (`HIGH`) and how llama.cpp accumulates the mins term (kept identical here): Q4_K in 4 float
-/// lanes, Q5_K in one fused scalar sum. Every output keeps the one-row operation order; the integer
-/// lane sums are exact, so sharing loads across rows changes no bit.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q45k<const HIGH: bool, const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
-    let bytes = if HIGH { 176 } else { 144 };
-    let qs_at = if HIGH { 48 } else { 16 };
-    let nb = ys[0].len();
-    assert!(w.len() >= nb * bytes && ys.iter().all(|y| y.len() == nb));
-    let m4 = _mm256_set1_epi8(0x0F);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut mins4 = [_mm_setzero_ps(); R];
-    let mut mins1 = [0.0f32; R];
-    for i in 0..nb {
-        let bp = w.as_ptr().add(i * bytes);
-        let yb: [&BlockQ8K; R] = std::array::from_fn(|r| ys[r].get_unchecked(i));
-        // prod[k] = m[2k]*(bsum pair 2k) + m[2k+1]*(bsum pair 2k+1): the same 4 lanes as llama.cpp.
-        let q8s: [__m128i; R] = std::array::from_fn(|r| {
-            let bs = yb[r].bsums.as_ptr() as *const __m128i;
-            _mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs.add(1)))
-        });
-        let sm = q45k_scales_mins(bp.add(4));
-        let scales = _mm256_permute2x128_si256::<0x00>(sm, sm);
-        let mins8 = _mm256_extracti128_si256::<1>(sm);
-        let dminw = f16_at(w, i * bytes + 2);
-        for r in 0..R {
-            let neg_dmin = -yb[r].d * dminw;
-            let prod = _mm_madd_epi16(mins8, q8s[r]);
-            if HIGH {
-                let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, prod), prod);
-                mins1[r] = neg_dmin.mul_add(_mm_cvtsi128_si32(total) as f32, mins1[r]);
-            } else {
-                mins4[r] = _mm_fmadd_ps(_mm_set1_ps(neg_dmin), _mm_cvtepi32_ps(prod), mins4[r]);
-            }
-        }
-        let qh = if HIGH {
-            load(bp.add(16))
-        } else {
-            _mm256_setzero_si256()
-        };
-        let mut sumi = [_mm256_setzero_si256(); R];
-        for c in 0..4 {
-            let y_lo: [__m256i; R] =
-                std::array::from_fn(|r| load((yb[r].qs.as_ptr() as *const u8).add(64 * c)));
-            let y_hi: [__m256i; R] =
-                std::array::from_fn(|r| load((yb[r].qs.as_ptr() as *const u8).add(64 * c + 32)));
-            let raw = load(bp.add(qs_at + 32 * c));
-            let mut lo = _mm256_and_si256(raw, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
-            if HIGH {
-                lo = _mm256_or_si256(lo, bit_to_4(qh, 2 * c));
-                hi = _mm256_or_si256(hi, bit_to_4(qh, 2 * c + 1));
-            }
-            let s_lo = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c));
-            let s_hi = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c + 1));
-            for r in 0..R {
-                let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y_lo[r]), s_lo);
-                let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y_hi[r]), s_hi);
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(plo, phi));
-            }
-        }
-        let dw = f16_at(w, i * bytes);
-        for r in 0..R {
-            let d = dw * yb[r].d;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-        }
-    }
-    std::array::from_fn(|r| {
-        let mut m = [0.0f32; 4];
-        _mm_storeu_ps(m.as_mut_ptr(), mins4[r]);
-        hsum_ps(acc[r])
-            + if HIGH {
-                mins1[r]
-            } else {
-                (m[0] + m[2]) + (m[1] + m[3])
-            }
-    })
-}
-
-/// Q4_K/Q5_K, one weight row against R activation rows (the decode path): the same operations as
-/// `dot_q45k` per output, reorganised for several rows. Each row's scale products (`dw * yd`,
-/// `-yd * dminw`) are vector products of two broadcasts (the same IEEE products as the scalar
-/// ones, without a scalar-to-vector move per row), the mins use the activations' precomputed
-/// sub-block sums (`psums`, equal to the `hadd` of `bsums`), and the accumulators never leave the
-/// function (no spill per block for a closure to read).
+/// Q4_K and Q5_K, one weight row against R activation rows (R = 1 for one row alone). They share
+/// everything but the 5th bit (`HIGH`) and how llama.cpp accumulates the mins term (kept identical
+/// here): Q4_K in 4 float lanes, Q5_K in one fused scalar sum. Every output keeps llama.cpp's
+/// one-row operation order (the integer lane sums are exact, so sharing loads across rows changes
+/// no bit). Each row's scale products (`dw * yd`, `-yd * dminw`) are vector products of two
+/// broadcasts (the same IEEE products as the scalar ones, without a scalar-to-vector move per
+/// row), the mins use the activations' precomputed sub-block sums (`psums`, equal to llama.cpp's
+/// `hadd` of `bsums`), and the accumulators never leave the function (no spill per block for a
+/// closure to read).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(
@@ -463,9 +379,9 @@ unsafe fn dot_q45k_rows<const HIGH: bool, const R: usize>(
     out
 }
 
-/// Q6_K, one weight row against R activation rows (the decode path): `dot_q6k`'s operations per
-/// output, with each row's scale product as a vector product of two broadcasts and the
-/// accumulators kept in the function (see `dot_q45k_rows`).
+/// Q6_K, one weight row against R activation rows (R = 1 for one row alone): llama.cpp's one-row
+/// operations per output, with each row's scale product as a vector product of two broadcasts and
+/// the accumulators kept in the function (see `dot_q45k_rows`).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6k_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
@@ -477,6 +393,8 @@ unsafe fn dot_q6k_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; 
     for i in 0..nb {
         let bp = w.as_ptr().add(i * 210);
         let sc8 = _mm_loadu_si128(bp.add(192) as *const __m128i);
+        // The -32 offset through the Q8_K block sums, per lane as llama.cpp subtracts it:
+        // lane k starts at -32 * (scale[2k] * bsum[2k] + scale[2k+1] * bsum[2k+1]).
         let sc16 = _mm256_cvtepi8_epi16(sc8);
         let mut sumi: [__m256i; R] = std::array::from_fn(|r| {
             let bs = load(ys[r].get_unchecked(i).bsums.as_ptr() as *const u8);
@@ -517,63 +435,6 @@ unsafe fn dot_q6k_rows<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; 
         out[r] = hsum_ps(acc[r]);
     }
     out
-}
-
-/// Q6_K, one weight row against R activation rows (each output keeps the one-row operation order).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6k<const R: usize>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
-    let nb = ys[0].len();
-    assert!(w.len() >= nb * 210 && ys.iter().all(|y| y.len() == nb));
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(0x03);
-    let mut acc = [_mm256_setzero_ps(); R];
-    for i in 0..nb {
-        let bp = w.as_ptr().add(i * 210);
-        let yb: [&BlockQ8K; R] = std::array::from_fn(|r| ys[r].get_unchecked(i));
-        let sc8 = _mm_loadu_si128(bp.add(192) as *const __m128i);
-        // The -32 offset through the Q8_K block sums, per lane as llama.cpp subtracts it:
-        // lane k starts at -32 * (scale[2k] * bsum[2k] + scale[2k+1] * bsum[2k+1]).
-        let sc16 = _mm256_cvtepi8_epi16(sc8);
-        let mut sumi: [__m256i; R] = std::array::from_fn(|r| {
-            let bs = _mm256_loadu_si256(yb[r].bsums.as_ptr() as *const __m256i);
-            _mm256_sub_epi32(
-                _mm256_setzero_si256(),
-                _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs)),
-            )
-        });
-        for n in 0..2 {
-            let y: [[__m256i; 4]; R] = std::array::from_fn(|r| {
-                let q8 = (yb[r].qs.as_ptr() as *const u8).add(128 * n);
-                std::array::from_fn(|j| load(q8.add(32 * j)))
-            });
-            let a = load(bp.add(64 * n));
-            let c = load(bp.add(64 * n + 32));
-            let h = load(bp.add(128 + 32 * n));
-            let quads = q6k_quads(a, c, h, m4, m3);
-            for (j, q) in quads.iter().enumerate() {
-                let k = 8 * n + 2 * j;
-                // Low 128 bits: scale k (elements 0..16 of the 32), high: scale k+1.
-                let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                    sc8,
-                    _mm_set_epi64x(
-                        (0x0101_0101_0101_0101u64 * (k as u64 + 1)) as i64,
-                        (0x0101_0101_0101_0101u64 * k as u64) as i64,
-                    ),
-                ));
-                for r in 0..R {
-                    let p = _mm256_maddubs_epi16(*q, y[r][j]);
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sv));
-                }
-            }
-        }
-        let dw = f16_at(w, i * 210 + 208);
-        for r in 0..R {
-            let d = dw * yb[r].d;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-        }
-    }
-    std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
 /// ggml's `GGML_F32x8_REDUCE` of four 8-lane accumulators: (a0+a2) + (a1+a3), then the two
