@@ -37,6 +37,11 @@ const STREAM_MAX: usize = 16;
 /// L2 budget for one group of a prompt's activation rows (this machine's L2: 512 KiB per core,
 /// shared with the weight rows and the outputs).
 const ACT_GROUP_BYTES: usize = 256 << 10;
+/// A prompt's activations are grouped only past this many quantized bytes: below it the extra
+/// passes over the weights cost more than the L2 misses they save. Realistic qwen35
+/// (`kernel_ab.py --prompts`, grouped / ungrouped time): 512 tokens (0.6 MB of Q8_K rows per
+/// 1024-column matmul) 1.07, 1024 tokens 0.96, 2048 0.91, 4096 0.885.
+const GROUP_MIN_BYTES: usize = 1 << 20;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -113,12 +118,14 @@ pub fn matmul_many(
 
 /// Activation rows per group of a prompt's matmul: a multiple of the window that keeps a group's
 /// quantized rows (~1.14 bytes per element for the Q8 formats) within `ACT_GROUP_BYTES`, so every
-/// task of a group finds them in L2; all `m` rows for a decode step.
+/// task of a group finds them in L2; all `m` rows for a decode step and for prompts whose rows
+/// stay under `GROUP_MIN_BYTES`.
 fn act_group_rows(m: usize, cols: usize) -> usize {
-    if m <= STREAM_MAX {
+    let row_bytes = (cols + cols / 7).max(1);
+    if m <= STREAM_MAX || m * row_bytes <= GROUP_MIN_BYTES {
         return m.max(1);
     }
-    let fit = ACT_GROUP_BYTES / (cols + cols / 7).max(1);
+    let fit = ACT_GROUP_BYTES / row_bytes;
     fit.max(STREAM_MAX) / STREAM_MAX * STREAM_MAX
 }
 
