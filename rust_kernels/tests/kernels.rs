@@ -183,6 +183,47 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     }
 }
 
+/// A random `rows x cols` weight of type `t` and `m` random activation rows.
+struct RandomBatch {
+    t: GgmlType,
+    data: Vec<u8>,
+    x: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    m: usize,
+}
+
+impl RandomBatch {
+    fn new(t: GgmlType, rows: usize, cols: usize, m: usize, rng: &mut impl Rng) -> Self {
+        let data = (0..rows).flat_map(|_| random_row(t, cols, rng)).collect();
+        let x = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+        Self {
+            t,
+            data,
+            x,
+            rows,
+            cols,
+            m,
+        }
+    }
+
+    fn weight(&self) -> Weight<'_> {
+        Weight {
+            t: self.t,
+            data: &self.data,
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
+    /// `matmul_many` of all `m` rows in one call (m x rows outputs).
+    fn product(&self) -> Vec<f32> {
+        let mut all = vec![0.0f32; self.m * self.rows];
+        matmul_many(&[self.weight()], &self.x, self.m, &mut [&mut all], None);
+        all
+    }
+}
+
 /// `matmul_many` of `m` random activation rows against a random `rows x cols` weight: every
 /// output row equals the same row multiplied alone.
 fn assert_rows_match_one_row_results(
@@ -192,19 +233,12 @@ fn assert_rows_match_one_row_results(
     m: usize,
     rng: &mut impl Rng,
 ) {
-    let data: Vec<u8> = (0..rows).flat_map(|_| random_row(t, cols, rng)).collect();
-    let w = Weight {
-        t,
-        data: &data,
-        rows,
-        cols,
-    };
-    let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
-    let mut all = vec![0.0f32; m * rows];
-    matmul_many(&[w], &x, m, &mut [&mut all], None);
+    let b = RandomBatch::new(t, rows, cols, m, rng);
+    let all = b.product();
     for r in 0..m {
         let mut one = vec![0.0f32; rows];
-        matmul_many(&[w], &x[r * cols..(r + 1) * cols], 1, &mut [&mut one], None);
+        let x = &b.x[r * cols..(r + 1) * cols];
+        matmul_many(&[b.weight()], x, 1, &mut [&mut one], None);
         assert_eq!(
             one.as_slice(),
             &all[r * rows..(r + 1) * rows],
@@ -343,22 +377,12 @@ fn scalar_path_matmul_rows_do_not_depend_on_the_batch() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
     for t in TYPES {
         let (rows, cols, m) = (9, cols_for(t), 6);
-        let data: Vec<u8> = (0..rows)
-            .flat_map(|_| random_row(t, cols, &mut rng))
-            .collect();
-        let w = Weight {
-            t,
-            data: &data,
-            rows,
-            cols,
-        };
-        let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
-        let mut all = vec![0.0f32; m * rows];
-        matmul_many(&[w], &x, m, &mut [&mut all], None);
-        let acts = Activations::quantize(t.act_format(), &x, cols);
+        let b = RandomBatch::new(t, rows, cols, m, &mut rng);
+        let all = b.product();
+        let acts = Activations::quantize(t.act_format(), &b.x, cols);
         for r in 0..m {
             for n in 0..rows {
-                let one = vec_dot_scalar(t, w.row(n), &acts, r);
+                let one = vec_dot_scalar(t, b.weight().row(n), &acts, r);
                 assert_eq!(all[r * rows + n].to_bits(), one.to_bits(), "{t:?} row {r}");
             }
         }
