@@ -21,8 +21,9 @@ class ContextFullError(ValueError):
 
 def store_rows(dst: np.ndarray, src: np.ndarray) -> None:
     """`dst[...] = src` for an f16 cache slice: float32 rows rounded to f16 in the kernel wheel
-    (numpy's own cast takes ~8 ns per value, a decode step's cache writes ~0.5 ms); other
-    dtypes (already f16) are copied as they are."""
+    (numpy's own cast takes ~8 ns per value: a 4096-row layer write 3.6 ms instead of 0.15 ms; a
+    one-row decode write costs the call either way); other dtypes (already f16) are copied as
+    they are."""
     if src.dtype == np.float32 and dst.flags.c_contiguous and src.size == dst.size:
         if src.size:
             hk.store_f16(np.ascontiguousarray(src), dst.view(np.uint16))

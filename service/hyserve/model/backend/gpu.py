@@ -122,8 +122,10 @@ class GpuBackend(GpuRecurrentOps):
         kq_scale: float,
         out: hk.GpuTensor,
     ) -> None:
+        if not spans:
+            return
+        n_head = q.nbytes // 4 // positions.shape[0] // spans[0].cache.head_dim  # one layer: one shape
         for cache, start, rows in spans:
-            n_head = q.nbytes // 4 // positions.shape[0] // cache.head_dim
             n_rows = rows.stop - rows.start
             self.device.attention(
                 cache.cache, q, k, v, positions, out, rows.start, n_rows, start, n_head, window, kq_scale
