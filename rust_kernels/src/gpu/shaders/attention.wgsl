@@ -69,7 +69,7 @@ fn hsum8(x: array<f32, 8>) -> f32 {
     return ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]));
 }
 
-// The CPU's order throughout (see rust_kernels/src/attention.rs): a score is 8 lanes of fused
+// The CPU's order throughout (see rust_kernels/src/attention/): a score is 8 lanes of fused
 // products over head dims (lane = dim % 8) joined by hsum8; the exponentials are summed in groups
 // of 8 keys aligned to position 0 (hsum8), the groups in key order; each output dim is 8 lanes over
 // keys (lane = key % 8) joined by hsum8.
