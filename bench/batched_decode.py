@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from report import add_simd_argument, instruction_sets
 
 from hyserve.logging_setup import configure_logging
 
@@ -235,8 +236,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--name", default="batched_decode_gemma3_270m")
+    add_simd_argument(ap)
     args = ap.parse_args()
     configure_logging()  # logs go to stderr: stdout carries only the JSON
+    isa = instruction_sets(args.simd)
 
     from hyserve.model.loader import resolve_model_path
 
@@ -262,7 +265,7 @@ def main() -> None:
             # other work on a shared machine slows compute-bound steps (large k) most
             "loadavg_before_after": [load_before, os.getloadavg()],
         },
-        "hyserve_simd": ours.simd,
+        **isa,
         "llama_cpp_version": llama.version,
         "runs": runs,
     }

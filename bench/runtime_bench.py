@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from report import publish
+from report import add_simd_argument, instruction_sets, publish
 
 from hyserve.logging_setup import configure_logging
 
@@ -183,8 +183,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--name", default="runtime_gemma3_270m")
+    add_simd_argument(ap)
     args = ap.parse_args()
     configure_logging()  # logs go to stderr: stdout carries only the JSON
+    isa = instruction_sets(args.simd)
 
     from hyserve.model.loader import resolve_model_path
 
@@ -200,6 +202,7 @@ def main() -> None:
         "n_prompt": args.n_prompt,
         "n_gen": args.n_gen,
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+        **isa,
         "hyserve": ours,
         "llama_cpp": llama,
         # > 1 means hyserve is faster (for load: llama.cpp's time / ours, so > 1 is also better)

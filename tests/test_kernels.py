@@ -19,15 +19,29 @@ FLOATS = [Q.F32, Q.F16, Q.BF16]
 ALL_TYPES = FLOATS + LEGACY + KQUANTS
 
 
-@pytest.fixture(params=["avx2", "scalar"])
+@pytest.fixture(params=["avx512vnni", "avx2", "scalar"])
 def simd_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "avx2" and hk.simd_path() != "avx2":
+    """Each kernel path this CPU has, capped with `set_simd_ceiling` (all give the same bits)."""
+    running = hk.set_simd_ceiling(request.param)
+    try:
+        if running != request.param:
+            pytest.skip(f"CPU has no {request.param} path")
+        yield request.param
+    finally:
         hk.set_force_scalar(False)
-        if hk.simd_path() != "avx2":
-            pytest.skip("CPU has no AVX2")
-    hk.set_force_scalar(request.param == "scalar")
-    yield request.param
-    hk.set_force_scalar(False)
+
+
+def test_simd_ceiling_caps_the_path_and_refuses_unknown_names() -> None:
+    best = hk.simd_path()
+    try:
+        assert hk.set_simd_ceiling("scalar") == "scalar" == hk.simd_path()
+        assert hk.set_simd_ceiling("avx2") in ("avx2", "scalar")
+        with pytest.raises(ValueError, match="unknown kernel path"):
+            hk.set_simd_ceiling("avx1024")
+        assert hk.simd_path() in ("avx2", "scalar")  # a refused name leaves the cap as it was
+    finally:
+        hk.set_force_scalar(False)
+    assert hk.simd_path() == best
 
 
 def random_weight_bytes(t: GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:

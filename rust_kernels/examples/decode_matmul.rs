@@ -1,12 +1,13 @@
 //! Time one weight matrix against m activation rows (a decode step of m sequences) on the kernel
 //! pool, for the multi-row decode path. Random quants, sane scales, weights bigger than the caches.
 //!
-//! `cargo run --release --example decode_matmul -- Q8_0 262144 640 [threads [reps [m,m,..]]]`
-//! prints per m: median ms of `--reps` calls and the ratio to m = 1.
+//! `cargo run --release --example decode_matmul -- Q8_0 262144 640 [threads [reps [m,m,.. [path]]]]`
+//! prints per m: median ms of `--reps` calls and the ratio to m = 1; `path` caps the kernel path
+//! (scalar, avx2, avx512vnni).
 
 use _native::matmul::{matmul_many, Weight};
 use _native::quant::GgmlType;
-use _native::threads;
+use _native::{simd, threads};
 use std::time::Instant;
 
 fn parse_type(s: &str) -> GgmlType {
@@ -91,6 +92,10 @@ fn main() {
     let ms: Vec<usize> = args.get(6).map_or(vec![1, 2, 3, 4, 8, 16], |s| {
         s.split(',').map(|v| v.parse().unwrap()).collect()
     });
+    if let Some(p) = args.get(7) {
+        simd::set_ceiling(simd::Path::from_name(p).expect("path: scalar, avx2 or avx512vnni"));
+    }
+    println!("kernel path: {}", simd::path_name());
     let mut base = 0.0;
     for &m in &ms {
         let x: Vec<f32> = (0..m * cols)

@@ -102,10 +102,23 @@ fn set_force_scalar(force: bool) {
     simd::set_force_scalar(force);
 }
 
-/// "avx2" or "scalar": the path the kernels take now.
+/// "avx512vnni", "avx2" or "scalar": the path the kernels take now.
 #[pyfunction]
 fn simd_path() -> &'static str {
     simd::path_name()
+}
+
+/// Cap the kernel path at "scalar", "avx2" or "avx512vnni" (process-wide; all give the same bits,
+/// for tests and benchmarks); returns the path that runs now.
+#[pyfunction]
+fn set_simd_ceiling(ceiling: &str) -> PyResult<&'static str> {
+    let path = simd::Path::from_name(ceiling).ok_or_else(|| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "unknown kernel path {ceiling:?}: expected scalar, avx2 or avx512vnni"
+        ))
+    })?;
+    simd::set_ceiling(path);
+    Ok(simd::path_name())
 }
 
 #[pymodule]
@@ -116,6 +129,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(set_force_scalar, m)?)?;
     m.add_function(wrap_pyfunction!(simd_path, m)?)?;
+    m.add_function(wrap_pyfunction!(set_simd_ceiling, m)?)?;
     matmul_py::register(m)?;
     ops_py::register(m)?;
     recurrent_py::register(m)?;

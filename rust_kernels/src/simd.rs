@@ -1,41 +1,100 @@
-//! Run-time choice between the AVX2 path and the portable scalar path.
+//! Run-time choice of the kernel path: AVX-512 VNNI (the integer-quant dot products on 256-bit
+//! registers with `vpdpbusd`/`vpdpwssd`; everything else as AVX2), AVX2, or the portable scalar
+//! path. All three give the same bits; a ceiling set by tests and benchmarks picks a lower one.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
+/// Kernel paths, lowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Path {
+    Scalar = 0,
+    Avx2 = 1,
+    Vnni = 2,
+}
 
-fn cpu_has_avx2() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
+impl Path {
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Scalar => "scalar",
+            Path::Avx2 => "avx2",
+            Path::Vnni => "avx512vnni",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Path::Scalar, Path::Avx2, Path::Vnni]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+}
+
+static CEILING: AtomicU8 = AtomicU8::new(Path::Vnni as u8);
+
+/// The best path this CPU (and OS) supports.
+fn cpu_best() -> Path {
+    static BEST: OnceLock<Path> = OnceLock::new();
+    *BEST.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            is_x86_feature_detected!("avx2")
+            let avx2 = is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
+                && is_x86_feature_detected!("f16c");
+            let vnni = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni");
+            match (avx2, vnni) {
+                (true, true) => Path::Vnni,
+                (true, false) => Path::Avx2,
+                _ => Path::Scalar,
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            false
+            Path::Scalar
         }
     })
 }
 
-/// True when the AVX2/FMA/F16C kernels run (the CPU has them and the scalar path is not forced).
+/// The path the kernels take now: the CPU's best, capped by the ceiling.
 #[inline]
-pub fn use_avx2() -> bool {
-    !FORCE_SCALAR.load(Ordering::Relaxed) && cpu_has_avx2()
+pub fn path() -> Path {
+    let ceiling = CEILING.load(Ordering::Relaxed);
+    let best = cpu_best();
+    if (best as u8) <= ceiling {
+        best
+    } else if ceiling == Path::Avx2 as u8 {
+        Path::Avx2
+    } else {
+        Path::Scalar
+    }
 }
 
-/// Force the scalar reference path (for tests and for comparing paths); process-wide.
+/// True when the AVX2/FMA/F16C kernels run (the AVX-512 VNNI path runs them too).
+#[inline]
+pub fn use_avx2() -> bool {
+    path() >= Path::Avx2
+}
+
+/// True when the integer-quant dot products take their AVX-512 VNNI form.
+#[inline]
+pub fn use_vnni() -> bool {
+    path() == Path::Vnni
+}
+
+/// Cap the path (process-wide; for tests and for comparing paths): the CPU's best path at or
+/// below `ceiling` runs.
+pub fn set_ceiling(ceiling: Path) {
+    CEILING.store(ceiling as u8, Ordering::Relaxed);
+}
+
+/// Force the scalar reference path, or lift every cap (process-wide).
 pub fn set_force_scalar(force: bool) {
-    FORCE_SCALAR.store(force, Ordering::Relaxed);
+    set_ceiling(if force { Path::Scalar } else { Path::Vnni });
 }
 
 pub fn path_name() -> &'static str {
-    if use_avx2() {
-        "avx2"
-    } else {
-        "scalar"
-    }
+    path().name()
 }

@@ -369,6 +369,41 @@ fn matmul_odd_shapes_match_one_row_results() {
     }
 }
 
+/// The AVX-512 VNNI form of the integer-quant kernels gives the AVX2 form's bits: every integer
+/// format, 1-16 activation rows per step and 64-row prompts, activations with heavy tails (large
+/// integer lanes of both signs) and random weight bytes (Q8_0 quants of -128 included).
+#[test]
+fn vnni_path_equals_avx2_bit_for_bit() {
+    let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
+    if !simd::use_vnni() {
+        eprintln!(
+            "no AVX-512 VNNI on this CPU: only the AVX2 form runs (path {})",
+            simd::path_name()
+        );
+        return;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+    for t in TYPES.into_iter().filter(|t| t.block_len() > 1) {
+        for m in [1, 2, 3, 4, 5, 8, 11, 16, 64] {
+            let cols = cols_for(t) * rng.gen_range(1..=3);
+            let mut b = RandomBatch::new(t, 7, cols, m, &mut rng);
+            let scale = [1e-3f32, 1.0, 50.0][m % 3];
+            b.x.iter_mut().for_each(|v| *v = scale * (*v / 2.0).powi(5));
+            let vnni = b.product();
+            simd::set_ceiling(simd::Path::Avx2);
+            let avx2 = b.product();
+            simd::set_ceiling(simd::Path::Vnni);
+            for (i, (a, v)) in avx2.iter().zip(&vnni).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    v.to_bits(),
+                    "{t:?} m={m} cols={cols} output {i}: avx2 {a} vs vnni {v}"
+                );
+            }
+        }
+    }
+}
+
 /// The scalar path (forced) keeps batch invariance too.
 #[test]
 fn scalar_path_matmul_rows_do_not_depend_on_the_batch() {

@@ -30,7 +30,7 @@ _GGML_TYPE_F32 = 0
 _NE_OFFSET = 16  # struct ggml_tensor: enum type, (padding), buffer pointer, then int64 ne[4]
 
 # kernels that return nothing worth comparing
-_SKIP = {"set_num_threads", "num_threads", "set_force_scalar", "simd_path"}
+_SKIP = {"set_num_threads", "num_threads", "set_force_scalar", "simd_path", "set_simd_ceiling"}
 
 
 def llama_tensors(path: Path, tokens: list[int], n_batch: int, threads: int = 2) -> list[tuple[str, np.ndarray]]:

@@ -2,13 +2,8 @@
 //! portable loops in `mod.rs`.
 
 use super::Keys;
+use crate::quant::avx2::load_f16x8;
 use std::arch::x86_64::*;
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load_f16x8(p: *const u16) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-}
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -12,6 +12,8 @@ mod act_avx2;
 pub mod avx2;
 pub mod blocks;
 pub mod float;
+#[cfg(target_arch = "x86_64")]
+mod int_dots;
 pub mod kquants;
 pub mod legacy;
 
@@ -125,8 +127,7 @@ pub fn dequantize_row(t: GgmlType, row: &[u8], out: &mut [f32]) {
 pub fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if simd::use_avx2() {
-        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::vec_dot(t, w, acts, r) };
+        return vec_dot_act_rows::<1>(t, w, &acts.rows::<1>(r))[0];
     }
     vec_dot_scalar(t, w, acts, r)
 }
@@ -136,6 +137,11 @@ pub fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
 /// to R calls of `vec_dot`.
 #[inline]
 pub fn vec_dot_act_rows<const R: usize>(t: GgmlType, w: &[u8], ys: &ActRows<R>) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    if simd::use_vnni() {
+        // SAFETY: use_vnni() is true only when the CPU has every feature the VNNI form enables.
+        return unsafe { avx2::vec_dot_act_rows_vnni::<R>(t, w, &ys.rows) };
+    }
     #[cfg(target_arch = "x86_64")]
     if simd::use_avx2() {
         // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.

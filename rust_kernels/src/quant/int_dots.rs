@@ -1,0 +1,459 @@
+//! The integer-quant dot products on x86-64 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K
+//! against their quantized activations), each written once with a `VNNI` switch and compiled
+//! twice: for AVX2 (maddubs + madd, as llama.cpp's x86 kernels) and, where the CPU has AVX-512
+//! VNNI, on the same 256-bit registers with `vpdpbusd` / `vpdpwssd` fusing a widening multiply
+//! with its sum. The integer lane sums are exact in both forms (no format reaches maddubs' i16
+//! saturation), and the float operations are the same, so both give the same bits.
+//!
+//! Integer parts are exact; each block adds one FMA into an 8-lane float accumulator in block
+//! order, reduced once at the end. The order depends only on the row length, never on the batch.
+
+use super::avx2::{f16_at, hsum_ps, opaque};
+use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1};
+use std::arch::x86_64::*;
+
+/// One kernel body (an `#[inline(always)]` expression generic over `VNNI`) compiled as a function
+/// of its own per instruction set, `$avx2` and `$vnni` (the features `simd::use_vnni` checks the
+/// CPU for; never inlined: inside the caller's large match LLVM kept the accumulators on the
+/// stack), and `$pick`, which calls the one for `VNNI`.
+macro_rules! compiled_twice {
+    ($pick:ident, $avx2:ident, $vnni:ident, |$w:ident, $ys:ident: $yt:ty| $body:expr) => {
+        #[inline(never)]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $avx2<const R: usize>($w: &[u8], $ys: $yt) -> [f32; R] {
+            const VNNI: bool = false;
+            $body
+        }
+
+        #[inline(never)]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $vnni<const R: usize>($w: &[u8], $ys: $yt) -> [f32; R] {
+            const VNNI: bool = true;
+            $body
+        }
+
+        #[inline(always)]
+        pub(super) unsafe fn $pick<const R: usize, const VNNI: bool>(
+            $w: &[u8],
+            $ys: $yt,
+        ) -> [f32; R] {
+            if VNNI {
+                $vnni::<R>($w, $ys)
+            } else {
+                $avx2::<R>($w, $ys)
+            }
+        }
+    };
+}
+
+/// 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..15), then high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let t = _mm_loadu_si128(p as *const __m128i);
+    let v = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+}
+
+/// Byte `i` = 0xFF if bit `i` of `x` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bits32(x: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(x as i32),
+        _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0,
+        ),
+    );
+    // Every bit but bit (i % 8) set in byte i: OR gives all-ones exactly when that bit is set.
+    let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
+}
+
+/// Sum of products of 32 unsigned bytes with 32 signed bytes, 4 adjacent products per i32 lane.
+/// Exact in both forms while no adjacent pair of products passes the i16 range (maddubs saturates):
+/// every caller has unsigned bytes <= 128 and signed bytes in -127..=127.
+#[inline(always)]
+unsafe fn dot_u8_i8<const VNNI: bool>(x: __m256i, y: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
+    } else {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+    }
+}
+
+/// `acc + madd(p, s)`: products of i16 pairs summed into i32 lanes, one instruction with VNNI.
+/// The fused form waits for `acc` (4 cycles a step on Zen 4): it pays where several rows'
+/// chains interleave, and a single row (R = 1) keeps the separate multiply and add.
+#[inline(always)]
+unsafe fn madd_add<const VNNI: bool, const R: usize>(
+    acc: __m256i,
+    p: __m256i,
+    s: __m256i,
+) -> __m256i {
+    if VNNI && R > 1 {
+        _mm256_dpwssd_epi32(acc, p, s)
+    } else {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
+    }
+}
+
+/// The four 32-quant groups of a Q6_K half-block as unsigned 6-bit values: low nibbles from `a`
+/// and `c` (32 bytes each), the high 2-bit planes from `h`; `m4` = 0x0f bytes, `m3` = 0x03 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_quads(a: __m256i, c: __m256i, h: __m256i, m4: __m256i, m3: __m256i) -> [__m256i; 4] {
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(a, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(c, m4),
+            _mm256_slli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<2>(m3))),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
+            _mm256_and_si256(h, _mm256_slli_epi16::<4>(m3)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4),
+            _mm256_srli_epi16::<2>(_mm256_and_si256(h, _mm256_slli_epi16::<6>(m3))),
+        ),
+    ]
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn read_u32(p: *const u8) -> u32 {
+    u32::from_le_bytes(std::ptr::read_unaligned(p as *const [u8; 4]))
+}
+
+macro_rules! dot_vs_q8_0 {
+    ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
+        /// One weight row against R activation rows; each output keeps the one-row operation order.
+        #[inline(always)]
+        pub(super) unsafe fn $name<const R: usize, const VNNI: bool>(
+            w: &[u8],
+            ys: [&[BlockQ8_0]; R],
+        ) -> [f32; R] {
+            let nb = ys[0].len();
+            assert!(w.len() >= nb * $bytes && ys.iter().all(|y| y.len() == nb));
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..nb {
+                let $b = w.as_ptr().add(i * $bytes);
+                let dw = f16_at(w, i * $bytes);
+                let qx: __m256i = $load;
+                let ax = _mm256_sign_epi8(qx, qx);
+                // dw * yd as a vector product of two broadcasts (the same IEEE product): the
+                // row's scale then costs a broadcast load and one multiply, no shuffle.
+                let bdw = opaque(_mm256_set1_ps(dw));
+                for r in 0..R {
+                    let yb = ys[r].get_unchecked(i);
+                    let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
+                    let p = dot_u8_i8::<VNNI>(ax, sy);
+                    let d = _mm256_mul_ps(bdw, _mm256_broadcast_ss(&yb.d));
+                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+                }
+            }
+            // Plain loops: a closure here (not always inlined) took `acc` by reference, which
+            // kept the accumulators in memory with a store per row and block.
+            let mut out = [0.0f32; R];
+            for r in 0..R {
+                out[r] = hsum_ps(acc[r]);
+            }
+            out
+        }
+    };
+}
+
+dot_vs_q8_0!(dot_q8_0, 34, |b| load(b.add(2)));
+dot_vs_q8_0!(dot_q4_0, 18, |b| _mm256_sub_epi8(
+    nibbles32(b.add(2)),
+    _mm256_set1_epi8(8)
+));
+// 5th bit clear -> set the top nibble, so the byte reads as (q - 16) in two's complement.
+dot_vs_q8_0!(dot_q5_0, 22, |b| _mm256_or_si256(
+    nibbles32(b.add(6)),
+    _mm256_andnot_si256(bits32(read_u32(b.add(2))), _mm256_set1_epi8(0xF0u8 as i8))
+));
+
+// `dot_q8_0` for R > 1 activation rows as a function of its own: inlined into
+// `vec_dot_act_rows`' large match, LLVM kept the R accumulators on the stack (a store per row and
+// block, ~25% of a row's cost).
+compiled_twice!(
+    dot_q8_0_rows,
+    dot_q8_0_rows_avx2,
+    dot_q8_0_rows_vnni,
+    |w, ys: [&[BlockQ8_0]; R]| dot_q8_0::<R, VNNI>(w, ys)
+);
+
+macro_rules! dot_vs_q8_1 {
+    ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
+        #[inline(always)]
+        pub(super) unsafe fn $name<const R: usize, const VNNI: bool>(
+            w: &[u8],
+            ys: [&[BlockQ8_1]; R],
+        ) -> [f32; R] {
+            let nb = ys[0].len();
+            assert!(w.len() >= nb * $bytes && ys.iter().all(|y| y.len() == nb));
+            let mut acc = [_mm256_setzero_ps(); R];
+            let mut mins = [0.0f32; R];
+            for i in 0..nb {
+                let $b = w.as_ptr().add(i * $bytes);
+                let (dw, mw) = (f16_at(w, i * $bytes), f16_at(w, i * $bytes + 2));
+                let qx: __m256i = $load;
+                for r in 0..R {
+                    let yb = ys[r].get_unchecked(i);
+                    mins[r] += mw * yb.s;
+                    let p = dot_u8_i8::<VNNI>(qx, load(yb.qs.as_ptr() as *const u8));
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d), _mm256_cvtepi32_ps(p), acc[r]);
+                }
+            }
+            std::array::from_fn(|r| hsum_ps(acc[r]) + mins[r])
+        }
+    };
+}
+
+dot_vs_q8_1!(dot_q4_1, 20, |b| nibbles32(b.add(4)));
+dot_vs_q8_1!(dot_q5_1, 24, |b| _mm256_or_si256(
+    nibbles32(b.add(8)),
+    _mm256_and_si256(bits32(read_u32(b.add(4))), _mm256_set1_epi8(0x10))
+));
+
+/// The 8 six-bit scales (low 128 bits) and 8 six-bit mins (high 128 bits) of a Q4_K/Q5_K block as
+/// i16 lanes, from the 12 packed bytes at `p` (llama.cpp's `utmp` shuffle; same values as
+/// `kquants::scales_mins`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q45k_scales_mins(p: *const u8) -> __m256i {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let (u0, u1, u2) = (read_u32(p), read_u32(p.add(4)), read_u32(p.add(8)));
+    let sc_lo = u0 & K1;
+    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let m_lo = u1 & K1;
+    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    _mm256_cvtepu8_epi16(_mm_set_epi32(
+        m_hi as i32,
+        m_lo as i32,
+        sc_hi as i32,
+        sc_lo as i32,
+    ))
+}
+
+/// Shuffle mask that broadcasts i16 lane `k` (0..8) of a 128-bit half to all its lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bcast16_mask(k: usize) -> __m256i {
+    let lo = (2 * k) as i16;
+    _mm256_set1_epi16(lo | ((lo + 1) << 8))
+}
+
+/// Bit `b` (0..8) of every byte of `qh`, moved to bit 4 (the 5th bit of a Q5_K quant).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bit_to_4(qh: __m256i, b: usize) -> __m256i {
+    let m = _mm256_and_si256(qh, _mm256_set1_epi8((1u8 << b) as i8));
+    match b {
+        0 => _mm256_slli_epi16::<4>(m),
+        1 => _mm256_slli_epi16::<3>(m),
+        2 => _mm256_slli_epi16::<2>(m),
+        3 => _mm256_slli_epi16::<1>(m),
+        4 => m,
+        5 => _mm256_srli_epi16::<1>(m),
+        6 => _mm256_srli_epi16::<2>(m),
+        _ => _mm256_srli_epi16::<3>(m),
+    }
+}
+
+/// Q4_K and Q5_K, one weight row against R activation rows (R = 1 for one row alone). They share
+/// everything but the 5th bit (`HIGH`) and how llama.cpp accumulates the mins term (kept identical
+/// here): Q4_K in 4 float lanes, Q5_K in one fused scalar sum. Every output keeps llama.cpp's
+/// one-row operation order (the integer lane sums are exact, so sharing loads across rows changes
+/// no bit). Each row's scale products (`dw * yd`, `-yd * dminw`) are vector products of two
+/// broadcasts (the same IEEE products as the scalar ones, without a scalar-to-vector move per
+/// row), the mins use the activations' precomputed sub-block sums (`psums`, equal to llama.cpp's
+/// `hadd` of `bsums`), and the accumulators never leave the function (no spill per block for a
+/// closure to read).
+#[inline(always)]
+unsafe fn q45k_rows<const HIGH: bool, const R: usize, const VNNI: bool>(
+    w: &[u8],
+    ys: [&[BlockQ8K]; R],
+) -> [f32; R] {
+    let bytes = if HIGH { 176 } else { 144 };
+    let qs_at = if HIGH { 48 } else { 16 };
+    let nb = ys[0].len();
+    assert!(w.len() >= nb * bytes && ys.iter().all(|y| y.len() == nb));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let sign = _mm_set1_ps(-0.0);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut mins4 = [_mm_setzero_ps(); R];
+    let mut mins1 = [0.0f32; R];
+    // The mins term first, in a pass of its own: interleaved with the quants below, its R
+    // accumulators and the R float accumulators did not fit in registers beside the integer sums.
+    for i in 0..nb {
+        let sm = q45k_scales_mins(w.as_ptr().add(i * bytes + 4));
+        let mins8 = _mm256_extracti128_si256::<1>(sm);
+        let dminw = _mm_set1_ps(f16_at(w, i * bytes + 2));
+        for r in 0..R {
+            let yb = ys[r].get_unchecked(i);
+            let prod = _mm_madd_epi16(mins8, _mm_loadu_si128(yb.psums.as_ptr() as *const __m128i));
+            let neg_dmin = _mm_mul_ps(_mm_xor_ps(_mm_broadcast_ss(&yb.d), sign), dminw);
+            if HIGH {
+                let total = _mm_hadd_epi32(_mm_hadd_epi32(prod, prod), prod);
+                mins1[r] =
+                    _mm_cvtss_f32(neg_dmin).mul_add(_mm_cvtsi128_si32(total) as f32, mins1[r]);
+            } else {
+                mins4[r] = _mm_fmadd_ps(neg_dmin, _mm_cvtepi32_ps(prod), mins4[r]);
+            }
+        }
+    }
+    for i in 0..nb {
+        let bp = w.as_ptr().add(i * bytes);
+        let sm = q45k_scales_mins(bp.add(4));
+        let scales = _mm256_permute2x128_si256::<0x00>(sm, sm);
+        let qh = if HIGH {
+            load(bp.add(16))
+        } else {
+            _mm256_setzero_si256()
+        };
+        // Two integer sums per row (low and high nibble halves): with VNNI each `madd_add` waits
+        // for the previous one, and one chain of eight per block made single rows latency-bound.
+        let mut sumi = [_mm256_setzero_si256(); R];
+        let mut sumi_hi = [_mm256_setzero_si256(); R];
+        for c in 0..4 {
+            let raw = load(bp.add(qs_at + 32 * c));
+            let mut lo = _mm256_and_si256(raw, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+            if HIGH {
+                lo = _mm256_or_si256(lo, bit_to_4(qh, 2 * c));
+                hi = _mm256_or_si256(hi, bit_to_4(qh, 2 * c + 1));
+            }
+            let s_lo = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c));
+            let s_hi = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c + 1));
+            for r in 0..R {
+                let y = (ys[r].get_unchecked(i).qs.as_ptr() as *const u8).add(64 * c);
+                let plo = _mm256_maddubs_epi16(lo, load(y));
+                let phi = _mm256_maddubs_epi16(hi, load(y.add(32)));
+                sumi[r] = madd_add::<VNNI, R>(sumi[r], plo, s_lo);
+                sumi_hi[r] = madd_add::<VNNI, R>(sumi_hi[r], phi, s_hi);
+            }
+        }
+        let dw = opaque(_mm256_set1_ps(f16_at(w, i * bytes)));
+        for r in 0..R {
+            let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
+            let total = _mm256_add_epi32(sumi[r], sumi_hi[r]);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(total), acc[r]);
+        }
+    }
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        let mut m = [0.0f32; 4];
+        _mm_storeu_ps(m.as_mut_ptr(), mins4[r]);
+        out[r] = hsum_ps(acc[r])
+            + if HIGH {
+                mins1[r]
+            } else {
+                (m[0] + m[2]) + (m[1] + m[3])
+            };
+    }
+    out
+}
+
+/// Q6_K, one weight row against R activation rows (R = 1 for one row alone): llama.cpp's one-row
+/// operations per output, with each row's scale product as a vector product of two broadcasts and
+/// the accumulators kept in the function (see `dot_q45k_rows`).
+#[inline(always)]
+unsafe fn q6k_rows<const R: usize, const VNNI: bool>(w: &[u8], ys: [&[BlockQ8K]; R]) -> [f32; R] {
+    let nb = ys[0].len();
+    assert!(w.len() >= nb * 210 && ys.iter().all(|y| y.len() == nb));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(0x03);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for i in 0..nb {
+        let bp = w.as_ptr().add(i * 210);
+        let sc8 = _mm_loadu_si128(bp.add(192) as *const __m128i);
+        // The -32 offset through the Q8_K block sums, per lane as llama.cpp subtracts it:
+        // lane k starts at -32 * (scale[2k] * bsum[2k] + scale[2k+1] * bsum[2k+1]).
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
+        let mut sumi: [__m256i; R] = std::array::from_fn(|r| {
+            let bs = load(ys[r].get_unchecked(i).bsums.as_ptr() as *const u8);
+            _mm256_sub_epi32(
+                _mm256_setzero_si256(),
+                _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs)),
+            )
+        });
+        // The second half-block's sums apart (see `q45k_rows`: shorter VNNI chains).
+        let mut sumi_hi = [_mm256_setzero_si256(); R];
+        for n in 0..2 {
+            let a = load(bp.add(64 * n));
+            let c = load(bp.add(64 * n + 32));
+            let h = load(bp.add(128 + 32 * n));
+            let quads = q6k_quads(a, c, h, m4, m3);
+            for (j, q) in quads.iter().enumerate() {
+                let k = 8 * n + 2 * j;
+                let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                    sc8,
+                    _mm_set_epi64x(
+                        (0x0101_0101_0101_0101u64 * (k as u64 + 1)) as i64,
+                        (0x0101_0101_0101_0101u64 * k as u64) as i64,
+                    ),
+                ));
+                for r in 0..R {
+                    let y = (ys[r].get_unchecked(i).qs.as_ptr() as *const u8).add(128 * n + 32 * j);
+                    let p = _mm256_maddubs_epi16(*q, load(y));
+                    if n == 0 {
+                        sumi[r] = madd_add::<VNNI, R>(sumi[r], p, sv);
+                    } else {
+                        sumi_hi[r] = madd_add::<VNNI, R>(sumi_hi[r], p, sv);
+                    }
+                }
+            }
+        }
+        let dw = opaque(_mm256_set1_ps(f16_at(w, i * 210 + 208)));
+        for r in 0..R {
+            let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
+            acc[r] = _mm256_fmadd_ps(
+                d,
+                _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[r], sumi_hi[r])),
+                acc[r],
+            );
+        }
+    }
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+    out
+}
+
+compiled_twice!(
+    dot_q4k_rows,
+    dot_q4k_rows_avx2,
+    dot_q4k_rows_vnni,
+    |w, ys: [&[BlockQ8K]; R]| q45k_rows::<false, R, VNNI>(w, ys)
+);
+compiled_twice!(
+    dot_q5k_rows,
+    dot_q5k_rows_avx2,
+    dot_q5k_rows_vnni,
+    |w, ys: [&[BlockQ8K]; R]| q45k_rows::<true, R, VNNI>(w, ys)
+);
+compiled_twice!(
+    dot_q6k_rows,
+    dot_q6k_rows_avx2,
+    dot_q6k_rows_vnni,
+    |w, ys: [&[BlockQ8K]; R]| q6k_rows::<R, VNNI>(w, ys)
+);
