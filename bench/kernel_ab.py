@@ -6,7 +6,7 @@ Each build runs in its own worker process (`--a`/`--b`: a directory holding an u
 alternate between the two processes, so the machine's background load hits both alike. Prints per k
 the median step time of each build and b / a.
 
-    python bench/kernel_ab.py --a "" --b /tmp/hk_new [--model default] [--ks 1 2 4 8 16]
+    python bench/kernel_ab.py --a "" --b /tmp/hk_new [--model default] [--ks 1 2 4 8 16] [--simd avx2]
 
 `--prompts 512 4096` times whole prompts instead (one forward of that many tokens on a fresh memory
 per sample; `--block` samples per turn).
@@ -31,6 +31,8 @@ import hyserve_kernels as hk
 from hyserve.model.loader import load_model
 from hyserve.model.architectures.base import Logits, Segment
 hk.set_num_threads(int(sys.argv[2]))
+if sys.argv[3]:
+    hk.set_simd_ceiling(sys.argv[3])
 arch = load_model(sys.argv[1]).arch
 prompt = list(range(100, 164))
 held = {}
@@ -64,10 +66,10 @@ for line in sys.stdin:
 """
 
 
-def start(kernels: str, model: str, threads: int) -> subprocess.Popen:
+def start(kernels: str, model: str, threads: int, simd: str) -> subprocess.Popen:
     path = os.pathsep.join(p for p in [kernels, str(REPO / "service"), os.environ.get("PYTHONPATH", "")] if p)
     proc = subprocess.Popen(
-        [sys.executable, "-c", WORKER, model, str(threads)],
+        [sys.executable, "-c", WORKER, model, str(threads), simd],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -97,8 +99,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--block", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--simd", default="", help="cap both builds' kernel path (avx2, scalar; default: the best)")
     args = ap.parse_args()
-    procs = {"a": start(args.a, args.model, args.threads), "b": start(args.b, args.model, args.threads)}
+    procs = {name: start(d, args.model, args.threads, args.simd) for name, d in (("a", args.a), ("b", args.b))}
     result = {"a": args.a or "installed", "b": args.b, "load_before": os.getloadavg(), "runs": []}
     for k in [-p for p in args.prompts] or args.ks:
         times: dict[str, list[float]] = {name: [] for name in procs}

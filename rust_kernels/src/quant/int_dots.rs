@@ -85,20 +85,13 @@ unsafe fn dot_u8_i8<const VNNI: bool>(x: __m256i, y: __m256i) -> __m256i {
     }
 }
 
-/// `acc + madd(p, s)`: products of i16 pairs summed into i32 lanes, one instruction with VNNI.
-/// The fused form waits for `acc` (4 cycles a step on Zen 4): it pays where several rows'
-/// chains interleave, and a single row (R = 1) keeps the separate multiply and add.
-#[inline(always)]
-unsafe fn madd_add<const VNNI: bool, const R: usize>(
-    acc: __m256i,
-    p: __m256i,
-    s: __m256i,
-) -> __m256i {
-    if VNNI && R > 1 {
-        _mm256_dpwssd_epi32(acc, p, s)
-    } else {
-        _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
-    }
+/// Whether a K-quant kernel sums each i16 product pair into its running i32 sum with one
+/// `vpdpwssd` (VNNI, two rows or more) or with madd + add (AVX2, and one row). The fused form waits
+/// for its accumulator (4 cycles a step on Zen 4), so it keeps two chains per row and pays only
+/// where several rows' chains interleave; AVX2's adds take one cycle and one chain keeps the
+/// accumulators within 16 registers.
+const fn fused_sums<const VNNI: bool, const R: usize>() -> bool {
+    VNNI && R > 1
 }
 
 /// The four 32-quant groups of a Q6_K half-block as unsigned 6-bit values: low nibbles from `a`
@@ -329,8 +322,7 @@ unsafe fn q45k_rows<const HIGH: bool, const R: usize, const VNNI: bool>(
         } else {
             _mm256_setzero_si256()
         };
-        // Two integer sums per row (low and high nibble halves): with VNNI each `madd_add` waits
-        // for the previous one, and one chain of eight per block made single rows latency-bound.
+        // Fused: two integer sums per row (low and high nibble halves), see `fused_sums`.
         let mut sumi = [_mm256_setzero_si256(); R];
         let mut sumi_hi = [_mm256_setzero_si256(); R];
         for c in 0..4 {
@@ -347,14 +339,26 @@ unsafe fn q45k_rows<const HIGH: bool, const R: usize, const VNNI: bool>(
                 let y = (ys[r].get_unchecked(i).qs.as_ptr() as *const u8).add(64 * c);
                 let plo = _mm256_maddubs_epi16(lo, load(y));
                 let phi = _mm256_maddubs_epi16(hi, load(y.add(32)));
-                sumi[r] = madd_add::<VNNI, R>(sumi[r], plo, s_lo);
-                sumi_hi[r] = madd_add::<VNNI, R>(sumi_hi[r], phi, s_hi);
+                if fused_sums::<VNNI, R>() {
+                    sumi[r] = _mm256_dpwssd_epi32(sumi[r], plo, s_lo);
+                    sumi_hi[r] = _mm256_dpwssd_epi32(sumi_hi[r], phi, s_hi);
+                } else {
+                    let both = _mm256_add_epi32(
+                        _mm256_madd_epi16(plo, s_lo),
+                        _mm256_madd_epi16(phi, s_hi),
+                    );
+                    sumi[r] = _mm256_add_epi32(sumi[r], both);
+                }
             }
         }
         let dw = opaque(_mm256_set1_ps(f16_at(w, i * bytes)));
         for r in 0..R {
             let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
-            let total = _mm256_add_epi32(sumi[r], sumi_hi[r]);
+            let total = if fused_sums::<VNNI, R>() {
+                _mm256_add_epi32(sumi[r], sumi_hi[r])
+            } else {
+                sumi[r]
+            };
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(total), acc[r]);
         }
     }
@@ -395,7 +399,7 @@ unsafe fn q6k_rows<const R: usize, const VNNI: bool>(w: &[u8], ys: [&[BlockQ8K];
                 _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs)),
             )
         });
-        // The second half-block's sums apart (see `q45k_rows`: shorter VNNI chains).
+        // Fused: the second half-block's sums apart (`fused_sums`).
         let mut sumi_hi = [_mm256_setzero_si256(); R];
         for n in 0..2 {
             let a = load(bp.add(64 * n));
@@ -414,10 +418,12 @@ unsafe fn q6k_rows<const R: usize, const VNNI: bool>(w: &[u8], ys: [&[BlockQ8K];
                 for r in 0..R {
                     let y = (ys[r].get_unchecked(i).qs.as_ptr() as *const u8).add(128 * n + 32 * j);
                     let p = _mm256_maddubs_epi16(*q, load(y));
-                    if n == 0 {
-                        sumi[r] = madd_add::<VNNI, R>(sumi[r], p, sv);
+                    if !fused_sums::<VNNI, R>() {
+                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sv));
+                    } else if n == 0 {
+                        sumi[r] = _mm256_dpwssd_epi32(sumi[r], p, sv);
                     } else {
-                        sumi_hi[r] = madd_add::<VNNI, R>(sumi_hi[r], p, sv);
+                        sumi_hi[r] = _mm256_dpwssd_epi32(sumi_hi[r], p, sv);
                     }
                 }
             }
@@ -425,11 +431,12 @@ unsafe fn q6k_rows<const R: usize, const VNNI: bool>(w: &[u8], ys: [&[BlockQ8K];
         let dw = opaque(_mm256_set1_ps(f16_at(w, i * 210 + 208)));
         for r in 0..R {
             let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
-            acc[r] = _mm256_fmadd_ps(
-                d,
-                _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[r], sumi_hi[r])),
-                acc[r],
-            );
+            let total = if fused_sums::<VNNI, R>() {
+                _mm256_add_epi32(sumi[r], sumi_hi[r])
+            } else {
+                sumi[r]
+            };
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(total), acc[r]);
         }
     }
     let mut out = [0.0f32; R];
