@@ -94,6 +94,26 @@ const fn fused_sums<const VNNI: bool, const R: usize>() -> bool {
     VNNI && R > 1
 }
 
+/// One K-quant block's float step for one row: `acc + (dw * yd) * f32(integer sum)`, the sum of
+/// both chains where they are fused (`fused_sums`). Values in and out, so the accumulators stay
+/// in registers.
+#[inline(always)]
+unsafe fn add_block<const VNNI: bool, const R: usize>(
+    acc: __m256,
+    dw: __m256,
+    yd: &f32,
+    sumi: __m256i,
+    sumi_hi: __m256i,
+) -> __m256 {
+    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(yd));
+    let total = if fused_sums::<VNNI, R>() {
+        _mm256_add_epi32(sumi, sumi_hi)
+    } else {
+        sumi
+    };
+    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(total), acc)
+}
+
 /// The four 32-quant groups of a Q6_K half-block as unsigned 6-bit values: low nibbles from `a`
 /// and `c` (32 bytes each), the high 2-bit planes from `h`; `m4` = 0x0f bytes, `m3` = 0x03 bytes.
 #[inline]
@@ -353,13 +373,8 @@ unsafe fn q45k_rows<const HIGH: bool, const R: usize, const VNNI: bool>(
         }
         let dw = opaque(_mm256_set1_ps(f16_at(w, i * bytes)));
         for r in 0..R {
-            let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
-            let total = if fused_sums::<VNNI, R>() {
-                _mm256_add_epi32(sumi[r], sumi_hi[r])
-            } else {
-                sumi[r]
-            };
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(total), acc[r]);
+            let yd = &ys[r].get_unchecked(i).d;
+            acc[r] = add_block::<VNNI, R>(acc[r], dw, yd, sumi[r], sumi_hi[r]);
         }
     }
     let mut out = [0.0f32; R];
@@ -430,13 +445,8 @@ unsafe fn q6k_rows<const R: usize, const VNNI: bool>(w: &[u8], ys: [&[BlockQ8K];
         }
         let dw = opaque(_mm256_set1_ps(f16_at(w, i * 210 + 208)));
         for r in 0..R {
-            let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&ys[r].get_unchecked(i).d));
-            let total = if fused_sums::<VNNI, R>() {
-                _mm256_add_epi32(sumi[r], sumi_hi[r])
-            } else {
-                sumi[r]
-            };
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(total), acc[r]);
+            let yd = &ys[r].get_unchecked(i).d;
+            acc[r] = add_block::<VNNI, R>(acc[r], dw, yd, sumi[r], sumi_hi[r]);
         }
     }
     let mut out = [0.0f32; R];
