@@ -11,6 +11,7 @@ import hyserve_kernels as hk
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from simd_paths import run_on_simd_path
 
 Q = GGMLQuantizationType
 LEGACY = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
@@ -21,14 +22,8 @@ ALL_TYPES = FLOATS + LEGACY + KQUANTS
 
 @pytest.fixture(params=["avx512vnni", "avx2", "scalar"])
 def simd_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Each kernel path this CPU has, capped with `set_simd_ceiling` (all give the same bits)."""
-    running = hk.set_simd_ceiling(request.param)
-    try:
-        if running != request.param:
-            pytest.skip(f"CPU has no {request.param} path")
-        yield request.param
-    finally:
-        hk.set_force_scalar(False)
+    """Each kernel path this CPU has (all give the same bits)."""
+    yield from run_on_simd_path(request.param)
 
 
 def test_simd_ceiling_caps_the_path_and_refuses_unknown_names() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import hyserve_kernels as hk
 import numpy as np
 import pytest
+from simd_paths import run_on_simd_path
 
 EPS = 1e-6
 SPLITS = [[23], [5, 1, 17], [1] * 23]
@@ -19,15 +20,8 @@ SPLITS = [[23], [5, 1, 17], [1] * 23]
 
 @pytest.fixture(params=["avx2", "scalar"])
 def simd_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The recurrent kernels' two forms (the AVX-512 VNNI path runs their AVX2 form), capped with
-    `set_simd_ceiling`."""
-    running = hk.set_simd_ceiling(request.param)
-    try:
-        if running != request.param:
-            pytest.skip(f"CPU has no {request.param} path")
-        yield request.param
-    finally:
-        hk.set_force_scalar(False)
+    """The recurrent kernels' two forms (the AVX-512 VNNI path runs their AVX2 form)."""
+    yield from run_on_simd_path(request.param)
 
 
 def uniform(rng: np.random.Generator, shape: tuple[int, ...], lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
