@@ -64,7 +64,6 @@ class HyserveSide:
 
         hk.set_num_threads(threads)
         self.model = model if model is not None else load_model(model_arg)
-        self.simd = hk.simd_path()
 
     def tokenize(self, text: str) -> list[int]:
         return self.model.tokenizer.encode(text)

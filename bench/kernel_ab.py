@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from report import add_simd_argument
+
 REPO = Path(__file__).resolve().parents[1]
 
 WORKER = """
@@ -99,9 +101,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--block", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--simd", default="", help="cap both builds' kernel path (avx2, scalar; default: the best)")
+    add_simd_argument(ap)  # caps both builds
     args = ap.parse_args()
-    procs = {name: start(d, args.model, args.threads, args.simd) for name, d in (("a", args.a), ("b", args.b))}
+    simd = args.simd or ""
+    procs = {name: start(d, args.model, args.threads, simd) for name, d in (("a", args.a), ("b", args.b))}
     result = {"a": args.a or "installed", "b": args.b, "load_before": os.getloadavg(), "runs": []}
     for k in [-p for p in args.prompts] or args.ks:
         times: dict[str, list[float]] = {name: [] for name in procs}

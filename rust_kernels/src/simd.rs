@@ -15,6 +15,9 @@ pub enum Path {
 }
 
 impl Path {
+    /// Every path, lowest first (indexed by the discriminant).
+    const ALL: [Path; 3] = [Path::Scalar, Path::Avx2, Path::Vnni];
+
     pub fn name(self) -> &'static str {
         match self {
             Path::Scalar => "scalar",
@@ -24,15 +27,14 @@ impl Path {
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
-        [Path::Scalar, Path::Avx2, Path::Vnni]
-            .into_iter()
-            .find(|p| p.name() == name)
+        Self::ALL.into_iter().find(|p| p.name() == name)
     }
 }
 
 static CEILING: AtomicU8 = AtomicU8::new(Path::Vnni as u8);
 
-/// The best path this CPU (and OS) supports.
+/// The best path this CPU (and OS) supports; every lower path is supported too (the VNNI path
+/// needs AVX2 as well).
 fn cpu_best() -> Path {
     static BEST: OnceLock<Path> = OnceLock::new();
     *BEST.get_or_init(|| {
@@ -61,15 +63,7 @@ fn cpu_best() -> Path {
 /// The path the kernels take now: the CPU's best, capped by the ceiling.
 #[inline]
 pub fn path() -> Path {
-    let ceiling = CEILING.load(Ordering::Relaxed);
-    let best = cpu_best();
-    if (best as u8) <= ceiling {
-        best
-    } else if ceiling == Path::Avx2 as u8 {
-        Path::Avx2
-    } else {
-        Path::Scalar
-    }
+    cpu_best().min(Path::ALL[CEILING.load(Ordering::Relaxed) as usize])
 }
 
 /// True when the AVX2/FMA/F16C kernels run (the AVX-512 VNNI path runs them too).

@@ -3,10 +3,9 @@
 //! twice: for AVX2 (maddubs + madd, as llama.cpp's x86 kernels) and, where the CPU has AVX-512
 //! VNNI, on the same 256-bit registers with `vpdpbusd` / `vpdpwssd` fusing a widening multiply
 //! with its sum. The integer lane sums are exact in both forms (no format reaches maddubs' i16
-//! saturation), and the float operations are the same, so both give the same bits.
-//!
-//! Integer parts are exact; each block adds one FMA into an 8-lane float accumulator in block
-//! order, reduced once at the end. The order depends only on the row length, never on the batch.
+//! saturation), and the float operations are the same, so both give the same bits: each block
+//! adds one FMA into an 8-lane float accumulator in block order, reduced once at the end, an order
+//! that depends only on the row length, never on the batch.
 
 use super::avx2::{f16_at, hsum_ps, opaque};
 use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1};
@@ -87,7 +86,7 @@ unsafe fn dot_u8_i8<const VNNI: bool>(x: __m256i, y: __m256i) -> __m256i {
 
 /// Whether a K-quant kernel sums each i16 product pair into its running i32 sum with one
 /// `vpdpwssd` (VNNI, two rows or more) or with madd + add (AVX2, and one row). The fused form waits
-/// for its accumulator (4 cycles a step on Zen 4), so it keeps two chains per row and pays only
+/// for its accumulator (several cycles a step, an add one), so it keeps two chains per row and pays only
 /// where several rows' chains interleave; AVX2's adds take one cycle and one chain keeps the
 /// accumulators within 16 registers.
 const fn fused_sums<const VNNI: bool, const R: usize>() -> bool {

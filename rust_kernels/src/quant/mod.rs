@@ -137,15 +137,14 @@ pub fn vec_dot(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
 /// to R calls of `vec_dot`.
 #[inline]
 pub fn vec_dot_act_rows<const R: usize>(t: GgmlType, w: &[u8], ys: &ActRows<R>) -> [f32; R] {
+    // One look at the path per weight row (this runs for every row of every matmul).
     #[cfg(target_arch = "x86_64")]
-    if simd::use_vnni() {
-        // SAFETY: use_vnni() is true only when the CPU has every feature the VNNI form enables.
-        return unsafe { avx2::vec_dot_act_rows_vnni::<R>(t, w, &ys.rows) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd::use_avx2() {
-        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
-        return unsafe { avx2::vec_dot_act_rows::<R>(t, w, &ys.rows) };
+    match simd::path() {
+        // SAFETY: the path is Vnni only when the CPU has every feature the VNNI form enables.
+        simd::Path::Vnni => return unsafe { avx2::vec_dot_act_rows_vnni::<R>(t, w, &ys.rows) },
+        // SAFETY: the path is Avx2 only when the CPU has AVX2, FMA and F16C.
+        simd::Path::Avx2 => return unsafe { avx2::vec_dot_act_rows::<R>(t, w, &ys.rows) },
+        simd::Path::Scalar => {}
     }
     std::array::from_fn(|i| vec_dot_scalar(t, w, ys.acts, ys.r0 + i))
 }
