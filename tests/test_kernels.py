@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -368,6 +369,21 @@ def test_thread_count_does_not_change_results() -> None:
         hk.set_num_threads(before)
     with pytest.raises(ValueError):
         hk.set_num_threads(0)
+
+
+def test_kernel_threads_park_when_idle() -> None:
+    """After a kernel call the pool's other threads spin for the next call only briefly
+    (`threads.rs::keep_warm`, 300 us), then park: an idle process burns no CPU."""
+    w, _, x = weight_and_input(Q.Q4_K, 300, 512, 3)
+    before = hk.num_threads()
+    try:
+        hk.set_num_threads(2)
+        hk.matmul(w, x)
+        cpu = time.process_time()
+        time.sleep(0.3)
+        assert time.process_time() - cpu < 0.1
+    finally:
+        hk.set_num_threads(before)
 
 
 def test_attention_paths_are_bit_identical() -> None:

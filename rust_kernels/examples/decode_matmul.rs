@@ -3,7 +3,9 @@
 //!
 //! `cargo run --release --example decode_matmul -- Q8_0 262144 640 [threads [reps [m,m,.. [path]]]]`
 //! prints per m: median ms of `--reps` calls and the ratio to m = 1; `path` caps the kernel path
-//! (scalar, avx2, avx512vnni).
+//! (scalar, avx2, avx512vnni). Environment: `IDLE_US=n` sleeps n µs before each call (the pool's
+//! threads may park, as between a model's kernel calls); `FLUSH=1` reads 64 MiB before each call
+//! (the weights then come from memory, as in a decode step, even when they would fit the caches).
 
 use _native::matmul::{matmul_many, Weight};
 use _native::quant::GgmlType;
@@ -96,6 +98,8 @@ fn main() {
         simd::set_ceiling(simd::Path::from_name(p).expect("path: scalar, avx2 or avx512vnni"));
     }
     println!("kernel path: {}", simd::path_name());
+    let idle_us: Option<u64> = std::env::var("IDLE_US").ok().map(|v| v.parse().unwrap());
+    let flush = std::env::var_os("FLUSH").map(|_| vec![1u64; 8 << 20]);
     let mut base = 0.0;
     for &m in &ms {
         let x: Vec<f32> = (0..m * cols)
@@ -103,13 +107,22 @@ fn main() {
             .collect();
         let mut out = vec![0.0f32; m * rows];
         let mut times = Vec::new();
-        let c0 = cpu_ms();
+        let mut cpu = 0.0;
         for _ in 0..reps {
-            let t0 = Instant::now();
+            if let Some(us) = idle_us {
+                // the kernel threads park while the caller is away, as between a model's calls
+                std::thread::sleep(std::time::Duration::from_micros(us));
+            }
+            if let Some(f) = &flush {
+                // evict the weights: each rep reads them from memory, as in a model's decode step
+                std::hint::black_box(f.iter().fold(0u64, |a, &v| a.wrapping_add(v)));
+            }
+            let (t0, c0) = (Instant::now(), cpu_ms());
             threads::run(|| matmul_many(&[w], &x, m, &mut [&mut out], None));
             times.push(t0.elapsed().as_secs_f64() * 1e3);
+            cpu += cpu_ms() - c0;
         }
-        let cpu = (cpu_ms() - c0) / reps as f64;
+        let cpu = cpu / reps as f64;
         times.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let med = times[reps / 2];
         if base == 0.0 {
@@ -117,7 +130,7 @@ fn main() {
         }
         let blocks = (rows * cols / t.block_len() * m) as f64;
         println!(
-            "{t:?} {rows}x{cols} m={m:2}: {med:7.3} ms ({:.2}x m=1), calling thread's cpu {cpu:.3} ms = {:.2} ns/block-row",
+            "{t:?} {rows}x{cols} m={m:2}: {med:8.4} ms ({:.2}x m=1), calling thread's cpu {cpu:.3} ms = {:.2} ns/block-row",
             med / base,
             cpu * 1e6 / blocks
         );

@@ -14,7 +14,9 @@
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 fn slot() -> &'static RwLock<Arc<ThreadPool>> {
     static POOL: OnceLock<RwLock<Arc<ThreadPool>>> = OnceLock::new();
@@ -68,12 +70,38 @@ fn own_pool(n: usize) -> Option<Arc<ThreadPool>> {
 
 /// Run `f` inside the kernel pool (rayon calls in `f` use its threads): on the calling thread's
 /// own pool when it has the configured size (`install` then calls `f` right here), else on the
-/// shared one.
+/// shared one. Afterwards the pool's other threads stay awake for a short while (`keep_warm`).
 pub fn run<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let shared = slot().read().unwrap().clone();
     let n = shared.current_num_threads();
-    match own_pool(n) {
-        Some(pool) if pool.current_num_threads() == n => pool.install(f),
-        _ => shared.install(f),
+    let call = CALLS.fetch_add(1, Ordering::AcqRel) + 1;
+    let (r, pool) = match own_pool(n) {
+        Some(pool) if pool.current_num_threads() == n => (pool.install(f), pool),
+        _ => (shared.install(f), shared),
+    };
+    keep_warm(&pool, call);
+    r
+}
+
+/// Kernel calls started so far (a keep-warm spinner stops when it changes).
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// How long a pool thread spins for the next kernel call before it goes back to rayon (which
+/// soon parks it). A decode step makes ~100 kernel calls with Python in between (norms, the
+/// recurrent state, sampling, usually 10-100 µs); a parked thread took ~30 µs to join the next
+/// call, which then ran on the caller alone until it did (+30 µs on a 40 µs matmul, measured with
+/// `IDLE_US` in the `decode_matmul` example).
+const KEEP_WARM: Duration = Duration::from_micros(300);
+
+/// Occupy each of the pool's other threads with a spin that ends at the next kernel call (then the
+/// thread is awake to steal its part at once) or after `KEEP_WARM`.
+fn keep_warm(pool: &ThreadPool, call: u64) {
+    for _ in 1..pool.current_num_threads() {
+        pool.spawn(move || {
+            let start = Instant::now();
+            while CALLS.load(Ordering::Acquire) == call && start.elapsed() < KEEP_WARM {
+                std::hint::spin_loop();
+            }
+        });
     }
 }
