@@ -103,6 +103,11 @@ pub fn matmul_many(
         // SAFETY (writes): (r, n) pairs are disjoint across tasks and within bounds (asserted above).
         let put = |r: usize, n: usize, v: f32| unsafe { *out.0.add(r * w.rows + n) = v };
         let rb = w.t.row_bytes(w.cols);
+        if g0 == 0 {
+            // The task's first rows: the stream below prefetches PREFETCH_AHEAD bytes ahead of the
+            // row it reads, so without this a thread's first rows of a call wait on memory in turn.
+            prefetch(w.data, start * rb, PREFETCH_AHEAD.min((end - start) * rb));
+        }
         for r0 in (g0..(g0 + group).min(m)).step_by(STREAM_MAX) {
             let blocks = RowBlocks::new(acts, r0, STREAM_MAX.min(m - r0));
             for n in start..end {
