@@ -8,6 +8,9 @@
 //! the caller. Which thread computes a part never changes its bits: kernels only split work into
 //! independent outputs, each with a fixed reduction order.
 //!
+//! After each call the pool's other threads spin briefly for the next one (`keep_warm`): a decode
+//! step's ~100 small calls otherwise each waited for a parked thread to wake.
+//!
 //! A thread can belong to one pool only, for good: after `set_num_threads` changes the count, a
 //! thread whose own pool has another size uses the shared pool (the old hand-off) until the count
 //! is set back.
@@ -99,7 +102,7 @@ fn keep_warm(pool: &ThreadPool, call: u64) {
     for _ in 1..pool.current_num_threads() {
         pool.spawn(move || {
             let deadline = Instant::now() + KEEP_WARM;
-            // The clock is read once per 64 pauses (~1 µs): read every turn it was most of the spin.
+            // The clock is read once per 64 pauses: read every turn it was most of the spin (perf).
             while Instant::now() < deadline {
                 for _ in 0..64 {
                     if CALLS.load(Ordering::Acquire) != call {
