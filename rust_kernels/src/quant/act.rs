@@ -2,7 +2,7 @@
 //! `vec_dot_type`). Scales are kept as f32 holding the exact value llama.cpp would use
 //! (already rounded to f16 where llama.cpp stores an f16).
 
-pub use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1};
+pub use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_0Biased, BlockQ8_1};
 use super::ActFormat;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -24,6 +24,10 @@ pub enum Activations {
     Q8_0 {
         blocks: Vec<BlockQ8_0>,
         per_row: usize,
+        /// The blocks biased (`BlockQ8_0Biased`), for the integer kernels' VNNI form of
+        /// `BIASED_MIN_ROWS` rows or more; empty where none will read them (fewer rows, or no
+        /// AVX-512 VNNI).
+        biased: Vec<BlockQ8_0Biased>,
     },
     Q8_1 {
         blocks: Vec<BlockQ8_1>,
@@ -34,6 +38,12 @@ pub enum Activations {
         per_row: usize,
     },
 }
+
+/// Fewest activation rows for which the VNNI kernels read biased Q8_0 blocks: at two rows the
+/// longer chain to each block's first integer sum (`int_dots::biased_sums_start`) cost more than
+/// the sign flips it saves (`decode_matmul` Q8_0 8192 x 640, one thread, b/a: 2 rows 1.02-1.03,
+/// 3 rows 0.95, 4 rows 0.97-1.00, 8 rows 0.91-0.93).
+pub const BIASED_MIN_ROWS: usize = 3;
 
 /// Activation rows `r0 .. r0+R` of one format as slices, resolved once and then dotted with many
 /// weight rows (a decode step's weight stream, a prompt task's rows); `acts` / `r0` serve the
@@ -48,7 +58,8 @@ pub enum RowSlices<'a, const R: usize> {
     F32([&'a [f32]; R]),
     F16([&'a [u16]; R]),
     BF16([&'a [u16]; R]),
-    Q8_0([&'a [BlockQ8_0]; R]),
+    /// The blocks, and their biased form where kept and R >= `BIASED_MIN_ROWS`.
+    Q8_0([&'a [BlockQ8_0]; R], Option<[&'a [BlockQ8_0Biased]; R]>),
     Q8_1([&'a [BlockQ8_1]; R]),
     Q8K([&'a [BlockQ8K]; R]),
 }
@@ -66,9 +77,15 @@ impl Activations {
             Self::BF16 { data, n } => {
                 RowSlices::BF16(std::array::from_fn(|i| row_of(data, *n, r0 + i)))
             }
-            Self::Q8_0 { blocks, per_row } => {
-                RowSlices::Q8_0(std::array::from_fn(|i| row_of(blocks, *per_row, r0 + i)))
-            }
+            Self::Q8_0 {
+                blocks,
+                per_row,
+                biased,
+            } => RowSlices::Q8_0(
+                std::array::from_fn(|i| row_of(blocks, *per_row, r0 + i)),
+                (R >= BIASED_MIN_ROWS && !biased.is_empty())
+                    .then(|| std::array::from_fn(|i| row_of(biased, *per_row, r0 + i))),
+            ),
             Self::Q8_1 { blocks, per_row } => {
                 RowSlices::Q8_1(std::array::from_fn(|i| row_of(blocks, *per_row, r0 + i)))
             }
@@ -85,7 +102,9 @@ impl Activations {
 
     pub fn q8_0_row(&self, r: usize) -> &[BlockQ8_0] {
         match self {
-            Self::Q8_0 { blocks, per_row } => row_of(blocks, *per_row, r),
+            Self::Q8_0 {
+                blocks, per_row, ..
+            } => row_of(blocks, *per_row, r),
             _ => unreachable!(),
         }
     }
@@ -120,10 +139,25 @@ impl Activations {
                 data: x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect(),
                 n,
             },
-            ActFormat::Q8_0 => Self::Q8_0 {
-                blocks: map_blocks(x, 32, parallel, quantize_q8_0),
-                per_row: n / 32,
-            },
+            ActFormat::Q8_0 => {
+                let blocks = map_blocks(x, 32, parallel, quantize_q8_0);
+                let biased = if rows >= BIASED_MIN_ROWS && crate::simd::use_vnni() {
+                    blocks
+                        .iter()
+                        .map(|b| BlockQ8_0Biased {
+                            d: b.d,
+                            u: b.qs.map(|q| q as u8 ^ 0x80),
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                Self::Q8_0 {
+                    blocks,
+                    per_row: n / 32,
+                    biased,
+                }
+            }
             ActFormat::Q8_1 => Self::Q8_1 {
                 blocks: map_blocks(x, 32, parallel, quantize_q8_1),
                 per_row: n / 32,

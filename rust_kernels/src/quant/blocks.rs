@@ -8,6 +8,16 @@ pub struct BlockQ8_0 {
     pub qs: [i8; 32],
 }
 
+/// A `BlockQ8_0` with its quants + 128 as unsigned bytes (`u = q ^ 0x80`), the form the VNNI
+/// kernels of several rows read (`int_dots::biased_sums_start`); the same size, so reading it
+/// instead of the block costs no cache.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct BlockQ8_0Biased {
+    pub d: f32,
+    pub u: [u8; 32],
+}
+
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct BlockQ8_1 {

@@ -8,7 +8,7 @@
 //! that depends only on the row length, never on the batch.
 
 use super::avx2::{f16_at, hsum_ps, opaque};
-use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_1};
+use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_0Biased, BlockQ8_1};
 use std::arch::x86_64::*;
 
 /// One kernel body (an `#[inline(always)]` expression generic over `VNNI`) compiled as a function
@@ -153,39 +153,78 @@ unsafe fn read_u32(p: *const u8) -> u32 {
 macro_rules! dot_vs_q8_0 {
     ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
         /// One weight row against R activation rows; each output keeps the one-row operation order.
+        /// Where the rows' biased form is given (`Activations` keeps it for several rows), the
+        /// VNNI form reads it instead of the blocks: see `biased_sums_start`.
         #[inline(always)]
         pub(super) unsafe fn $name<const R: usize, const VNNI: bool>(
             w: &[u8],
             ys: [&[BlockQ8_0]; R],
+            biased: Option<[&[BlockQ8_0Biased]; R]>,
         ) -> [f32; R] {
-            let nb = ys[0].len();
-            assert!(w.len() >= nb * $bytes && ys.iter().all(|y| y.len() == nb));
-            let mut acc = [_mm256_setzero_ps(); R];
-            for i in 0..nb {
-                let $b = w.as_ptr().add(i * $bytes);
-                let dw = f16_at(w, i * $bytes);
-                let qx: __m256i = $load;
-                let ax = _mm256_sign_epi8(qx, qx);
-                // dw * yd as a vector product of two broadcasts (the same IEEE product): the
-                // row's scale then costs a broadcast load and one multiply, no shuffle.
-                let bdw = opaque(_mm256_set1_ps(dw));
-                for r in 0..R {
-                    let yb = ys[r].get_unchecked(i);
-                    let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
-                    let p = dot_u8_i8::<VNNI>(ax, sy);
-                    let d = _mm256_mul_ps(bdw, _mm256_broadcast_ss(&yb.d));
-                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+            #[inline(always)]
+            unsafe fn rows<const R: usize, const VNNI: bool, const BIASED: bool>(
+                w: &[u8],
+                ys: [&[BlockQ8_0]; R],
+                us: [&[BlockQ8_0Biased]; R],
+            ) -> [f32; R] {
+                let nb = ys[0].len();
+                assert!(w.len() >= nb * $bytes && ys.iter().all(|y| y.len() == nb));
+                assert!(!BIASED || us.iter().all(|u| u.len() == nb));
+                let mut acc = [_mm256_setzero_ps(); R];
+                for i in 0..nb {
+                    let $b = w.as_ptr().add(i * $bytes);
+                    let dw = f16_at(w, i * $bytes);
+                    let qx: __m256i = $load;
+                    let (ax, start) = if BIASED {
+                        (_mm256_setzero_si256(), biased_sums_start(qx))
+                    } else {
+                        (_mm256_sign_epi8(qx, qx), _mm256_setzero_si256())
+                    };
+                    // dw * yd as a vector product of two broadcasts (the same IEEE product): the
+                    // row's scale then costs a broadcast load and one multiply, no shuffle.
+                    let bdw = opaque(_mm256_set1_ps(dw));
+                    for r in 0..R {
+                        // Biased: only the biased blocks are read (the same bytes a block).
+                        let (p, yd) = if BIASED {
+                            let ub = us[r].get_unchecked(i);
+                            (_mm256_dpbusd_epi32(start, load(ub.u.as_ptr()), qx), &ub.d)
+                        } else {
+                            let yb = ys[r].get_unchecked(i);
+                            let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
+                            (dot_u8_i8::<VNNI>(ax, sy), &yb.d)
+                        };
+                        let d = _mm256_mul_ps(bdw, _mm256_broadcast_ss(yd));
+                        acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+                    }
                 }
+                // Plain loops: a closure here (not always inlined) took `acc` by reference, which
+                // kept the accumulators in memory with a store per row and block.
+                let mut out = [0.0f32; R];
+                for r in 0..R {
+                    out[r] = hsum_ps(acc[r]);
+                }
+                out
             }
-            // Plain loops: a closure here (not always inlined) took `acc` by reference, which
-            // kept the accumulators in memory with a store per row and block.
-            let mut out = [0.0f32; R];
-            for r in 0..R {
-                out[r] = hsum_ps(acc[r]);
+            match biased {
+                Some(us) if VNNI => rows::<R, VNNI, true>(w, ys, us),
+                _ => rows::<R, VNNI, false>(w, ys, [&[]; R]),
             }
-            out
         }
     };
+}
+
+/// The integer sums of the VNNI kernels of several activation rows against signed weight quants
+/// `w` (Q8_0, Q4_0, Q5_0): `vpdpbusd` multiplies unsigned by signed bytes, so instead of flipping
+/// each activation byte by its weight's sign (`vpsignb`, per row and block) the rows come biased
+/// by +128 (`u = y + 128`, `Activations` keeps that copy) and each i32 lane starts at -128 x the
+/// sum of its four weights, once per block for all rows: `start + sum(u * w) = sum(y * w)`, the
+/// same integers, so the same bits. On Zen 4 the sign flips ran on the same two pipes as the
+/// `vpdpbusd`s, multiplies and FMAs, which bound the loop.
+#[inline(always)]
+unsafe fn biased_sums_start(w: __m256i) -> __m256i {
+    let plus128 = _mm256_set1_epi8(-128i8); // 0x80: 128 as an unsigned byte
+    let bias = _mm256_dpbusd_epi32(_mm256_setzero_si256(), plus128, w);
+    _mm256_sub_epi32(_mm256_setzero_si256(), bias)
 }
 
 dot_vs_q8_0!(dot_q8_0, 34, |b| load(b.add(2)));
@@ -199,6 +238,11 @@ dot_vs_q8_0!(dot_q5_0, 22, |b| _mm256_or_si256(
     _mm256_andnot_si256(bits32(read_u32(b.add(2))), _mm256_set1_epi8(0xF0u8 as i8))
 ));
 
+/// Q8_0 activation rows as the kernels take them: the blocks and, where kept, their biased quants
+/// (`biased_sums_start`).
+pub(super) type Q8_0Rows<'a, const R: usize> =
+    ([&'a [BlockQ8_0]; R], Option<[&'a [BlockQ8_0Biased]; R]>);
+
 // `dot_q8_0` for R > 1 activation rows as a function of its own: inlined into
 // `vec_dot_act_rows`' large match, LLVM kept the R accumulators on the stack (a store per row and
 // block, ~25% of a row's cost).
@@ -206,7 +250,7 @@ compiled_twice!(
     dot_q8_0_rows,
     dot_q8_0_rows_avx2,
     dot_q8_0_rows_vnni,
-    |w, ys: [&[BlockQ8_0]; R]| dot_q8_0::<R, VNNI>(w, ys)
+    |w, ys: Q8_0Rows<'_, R>| dot_q8_0::<R, VNNI>(w, ys.0, ys.1)
 );
 
 macro_rules! dot_vs_q8_1 {
