@@ -46,12 +46,35 @@ macro_rules! compiled_twice {
 }
 
 /// 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..15), then high nibbles.
+/// The 16 bytes are loaded into both halves and the high half shifted by 4 (bits that move in from
+/// the next byte land in the masked-off high nibble): one load, two operations.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nibbles32(p: *const u8) -> __m256i {
-    let t = _mm_loadu_si128(p as *const __m128i);
-    let v = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
+    let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    let v = _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0));
     _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+}
+
+/// The 32 quants of a Q5_0 (`SIGNED`: as `q - 16`) or Q5_1 (as `q`, unsigned) block from `b`,
+/// where its 4 bytes of 5th bits precede its 16 bytes of nibbles. AVX2 spreads the bits to bytes
+/// (a shuffle and a compare) and merges them in: for Q5_0 by setting the top nibble where the
+/// bit is clear (the byte then reads as `q - 16` in two's complement). AVX-512BW adds or subtracts
+/// 16 under the bit mask itself instead, in one operation.
+#[inline(always)]
+unsafe fn q5_quants<const SIGNED: bool, const AVX512: bool>(b: *const u8) -> __m256i {
+    let nib = nibbles32(b.add(4));
+    let fifth = read_u32(b);
+    let sixteen = _mm256_set1_epi8(16);
+    match (SIGNED, AVX512) {
+        (true, true) => _mm256_mask_sub_epi8(nib, !fifth, nib, sixteen),
+        (false, true) => _mm256_mask_add_epi8(nib, fifth, nib, sixteen),
+        (true, false) => {
+            let top = _mm256_andnot_si256(bits32(fifth), _mm256_set1_epi8(0xF0u8 as i8));
+            _mm256_or_si256(nib, top)
+        }
+        (false, false) => _mm256_or_si256(nib, _mm256_and_si256(bits32(fifth), sixteen)),
+    }
 }
 
 /// Byte `i` = 0xFF if bit `i` of `x` is set, else 0.
@@ -232,11 +255,7 @@ dot_vs_q8_0!(dot_q4_0, 18, |b| _mm256_sub_epi8(
     nibbles32(b.add(2)),
     _mm256_set1_epi8(8)
 ));
-// 5th bit clear -> set the top nibble, so the byte reads as (q - 16) in two's complement.
-dot_vs_q8_0!(dot_q5_0, 22, |b| _mm256_or_si256(
-    nibbles32(b.add(6)),
-    _mm256_andnot_si256(bits32(read_u32(b.add(2))), _mm256_set1_epi8(0xF0u8 as i8))
-));
+dot_vs_q8_0!(dot_q5_0, 22, |b| q5_quants::<true, VNNI>(b.add(2)));
 
 /// Q8_0 activation rows as the kernels take them: the blocks and, where kept, their biased quants
 /// (`biased_sums_start`).
@@ -282,10 +301,7 @@ macro_rules! dot_vs_q8_1 {
 }
 
 dot_vs_q8_1!(dot_q4_1, 20, |b| nibbles32(b.add(4)));
-dot_vs_q8_1!(dot_q5_1, 24, |b| _mm256_or_si256(
-    nibbles32(b.add(8)),
-    _mm256_and_si256(bits32(read_u32(b.add(4))), _mm256_set1_epi8(0x10))
-));
+dot_vs_q8_1!(dot_q5_1, 24, |b| q5_quants::<false, VNNI>(b.add(4)));
 
 /// The 8 six-bit scales (low 128 bits) and 8 six-bit mins (high 128 bits) of a Q4_K/Q5_K block as
 /// i16 lanes, from the 12 packed bytes at `p` (llama.cpp's `utmp` shuffle; same values as
