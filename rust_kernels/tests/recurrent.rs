@@ -171,7 +171,10 @@ fn gdn_case(nk: usize, nv: usize, dk: usize, dv: usize, rng: &mut impl Rng) -> G
     }
 }
 
-fn run_gdn(c: &Gdn, chunks: &[usize], l2_eps: Option<f32>) -> (Vec<f32>, Vec<f32>) {
+/// The recurrence over `chunks` of tokens, each chunk one call. `apart`: every call reads the
+/// state from one buffer and writes a fresh one (`state_in`, as the model's decode steps do), else
+/// it updates the state in place.
+fn run_gdn(c: &Gdn, chunks: &[usize], l2_eps: Option<f32>, apart: bool) -> (Vec<f32>, Vec<f32>) {
     let (nk, nv, dk, dv) = (c.nk, c.nv, c.dk, c.dv);
     let mut state = c.state.clone();
     let mut out = Vec::new();
@@ -179,13 +182,14 @@ fn run_gdn(c: &Gdn, chunks: &[usize], l2_eps: Option<f32>) -> (Vec<f32>, Vec<f32
     for &n in chunks {
         let mut o = vec![0.0f32; n * nv * dv];
         let qk = |a: &[f32]| a[t0 * nk * dk..(t0 + n) * nk * dk].to_vec();
+        let previous = apart.then(|| std::mem::replace(&mut state, vec![f32::NAN; c.state.len()]));
         gated_delta_rule(
             &qk(&c.q),
             &qk(&c.k),
             &c.v[t0 * nv * dv..(t0 + n) * nv * dv],
             &c.g[t0 * nv..(t0 + n) * nv],
             &c.beta[t0 * nv..(t0 + n) * nv],
-            None,
+            previous.as_deref(),
             &mut state,
             GdnShape {
                 n_tokens: n,
@@ -264,7 +268,9 @@ fn gated_delta_rule_matches_reference_and_is_batch_invariant() {
         let mut results = vec![];
         for scalar in [false, true] {
             for split in splits() {
-                results.push(with_path(scalar, || run_gdn(&c, &split, Some(1e-6))));
+                for apart in [false, true] {
+                    results.push(with_path(scalar, || run_gdn(&c, &split, Some(1e-6), apart)));
+                }
             }
         }
         let what = format!("nk {nk} nv {nv} dk {dk} dv {dv}");
@@ -287,7 +293,7 @@ fn gated_delta_rule_matches_reference_and_is_batch_invariant() {
             state: c.state.clone(),
             ..c
         };
-        let r = run_gdn(&pre, &[23], None);
+        let r = run_gdn(&pre, &[23], None, false);
         assert_eq!(bits(&r.0), bits(&results[0].0), "{what}: l2 outside");
         assert_eq!(bits(&r.1), bits(&results[0].1), "{what}: l2 outside, state");
     }
@@ -304,7 +310,7 @@ fn gated_delta_rule_does_not_depend_on_thread_count() {
                 .num_threads(n)
                 .build()
                 .unwrap();
-            pool.install(|| run_gdn(&c, &[23], Some(1e-6)))
+            pool.install(|| run_gdn(&c, &[23], Some(1e-6), false))
         })
         .collect();
     for r in &runs[1..] {
