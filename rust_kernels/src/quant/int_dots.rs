@@ -325,6 +325,14 @@ unsafe fn q45k_scales_mins(p: *const u8) -> __m256i {
     ))
 }
 
+/// `v` unchanged, hidden from the optimizer.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn opaque_i(mut v: __m256i) -> __m256i {
+    std::arch::asm!("/* {v} */", v = inout(ymm_reg) v, options(pure, nomem, nostack, preserves_flags));
+    v
+}
+
 /// Shuffle mask that broadcasts i16 lane `k` (0..8) of a 128-bit half to all its lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -412,8 +420,8 @@ unsafe fn q45k_rows<const HIGH: bool, const R: usize, const VNNI: bool>(
                 lo = _mm256_or_si256(lo, bit_to_4(qh, 2 * c));
                 hi = _mm256_or_si256(hi, bit_to_4(qh, 2 * c + 1));
             }
-            let s_lo = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c));
-            let s_hi = _mm256_shuffle_epi8(scales, bcast16_mask(2 * c + 1));
+            let s_lo = _mm256_shuffle_epi8(scales, opaque_i(bcast16_mask(2 * c)));
+            let s_hi = _mm256_shuffle_epi8(scales, opaque_i(bcast16_mask(2 * c + 1)));
             for r in 0..R {
                 let y = (ys[r].get_unchecked(i).qs.as_ptr() as *const u8).add(64 * c);
                 let plo = _mm256_maddubs_epi16(lo, load(y));
