@@ -111,7 +111,8 @@ pub fn rope(x: &mut [f32], n_head: usize, head_dim: usize, positions: &[i32], r:
 }
 
 /// `rope`'s body. Its `mul_add`s are one instruction where the caller enables FMA (`avx2::rope`)
-/// and a call to libm's `fmaf` where not (the same values; ~10x the time).
+/// and a call to compiler-builtins' `fmaf` where not (the wheel targets baseline x86-64): the same
+/// values in ~10x the time.
 #[inline(always)]
 fn rope_rows(x: &mut [f32], n_head: usize, head_dim: usize, positions: &[i32], r: Rope) {
     let (half, neox) = (r.n_rot / 2, r.neox);
@@ -261,13 +262,14 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// `gelu` per lane: the input rounded to f16 (F16C, to nearest even, as `half`) indexes the
-    /// table; `x <= -10` gives 0 and `x >= 10` gives x.
+    /// `super::rope_rows` with FMA enabled.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn rope(x: &mut [f32], n_head: usize, head_dim: usize, pos: &[i32], r: super::Rope) {
         super::rope_rows(x, n_head, head_dim, pos, r)
     }
 
+    /// `gelu` per lane: the input rounded to f16 (F16C, to nearest even, as `half`) indexes the
+    /// table; `x <= -10` gives 0 and `x >= 10` gives x.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn geglu(gate: &[f32], up: &[f32], out: &mut [f32], table: &[f32]) {
         assert_eq!(table.len(), 1 << 16);
