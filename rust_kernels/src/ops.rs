@@ -9,31 +9,38 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Rows whose sums of squares `rms_norm` runs together.
 const NORM_ROWS: usize = 4;
 
+/// ggml's sum of squares of each of `G` equal-length rows: squared in f32, summed in f64 one
+/// element after another, a chain of dependent adds per row. The `G` chains advance together
+/// (each in its own order, so the same sums), so that they overlap.
+#[inline(always)]
+fn sums_of_squares<const G: usize>(rows: [&[f32]; G]) -> [f64; G] {
+    let n = rows[0].len();
+    // equal lengths, stated: the loop below then indexes without checks
+    assert!(rows.iter().all(|r| r.len() == n));
+    let mut acc = [0.0f64; G];
+    for i in 0..n {
+        for (a, r) in acc.iter_mut().zip(&rows) {
+            let v = r[i];
+            *a += (v * v) as f64;
+        }
+    }
+    acc
+}
+
 /// `out = x / sqrt(mean(x²) + eps) [* w]` per row of `n`, with ggml's rounding steps.
 pub fn rms_norm(x: &[f32], n: usize, w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     if n == 0 {
         return;
     }
-    // ggml squares in f32, then accumulates in f64 one element after another: a chain of
-    // dependent adds per row. `NORM_ROWS` rows' chains advance together (each in its own order,
-    // so the same sums), so that they overlap.
-    let rows = x.len() / n;
-    let mut sums = vec![0.0f64; rows];
+    let mut sums = Vec::with_capacity(x.len() / n);
     let mut groups = x.chunks_exact(n * NORM_ROWS);
-    for (g, s) in (&mut groups).zip(sums.chunks_exact_mut(NORM_ROWS)) {
-        let row: [&[f32]; NORM_ROWS] = std::array::from_fn(|r| &g[r * n..(r + 1) * n]);
-        let mut acc = [0.0f64; NORM_ROWS];
-        for i in 0..n {
-            for (a, r) in acc.iter_mut().zip(&row) {
-                let v = r[i];
-                *a += (v * v) as f64;
-            }
-        }
-        s.copy_from_slice(&acc);
+    for g in &mut groups {
+        sums.extend(sums_of_squares::<NORM_ROWS>(std::array::from_fn(|r| {
+            &g[r * n..(r + 1) * n]
+        })));
     }
-    let done = rows / NORM_ROWS * NORM_ROWS;
-    for (row, s) in groups.remainder().chunks_exact(n).zip(&mut sums[done..]) {
-        *s = row.iter().fold(0.0f64, |a, &v| a + (v * v) as f64);
+    for row in groups.remainder().chunks_exact(n) {
+        sums.extend(sums_of_squares([row]));
     }
     for ((row, o), &sum) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).zip(&sums) {
         let mean = (sum / n as f64) as f32;

@@ -87,6 +87,23 @@ pub(super) unsafe fn opaque(mut v: __m256) -> __m256 {
     v
 }
 
+/// `v` unchanged, hidden from the optimizer: a byte shuffle by a constant mask stays one `vpshufb`
+/// (LLVM rewrites it into two or three word and dword shuffles, each as costly).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn opaque_i(mut v: __m256i) -> __m256i {
+    std::arch::asm!("/* {v} */", v = inout(ymm_reg) v, options(pure, nomem, nostack, preserves_flags));
+    v
+}
+
+/// `opaque_i` for 128 bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn opaque_x(mut v: __m128i) -> __m128i {
+    std::arch::asm!("/* {v} */", v = inout(xmm_reg) v, options(pure, nomem, nostack, preserves_flags));
+    v
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn hsum_ps(v: __m256) -> f32 {

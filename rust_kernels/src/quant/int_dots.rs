@@ -7,7 +7,7 @@
 //! adds one FMA into an 8-lane float accumulator in block order, reduced once at the end, an order
 //! that depends only on the row length, never on the batch.
 
-use super::avx2::{f16_at, hsum_ps, opaque};
+use super::avx2::{f16_at, hsum_ps, opaque, opaque_i, opaque_x};
 use super::blocks::{BlockQ8K, BlockQ8_0, BlockQ8_0Biased, BlockQ8_1};
 use std::arch::x86_64::*;
 
@@ -323,23 +323,6 @@ unsafe fn q45k_scales_mins(p: *const u8) -> __m256i {
         sc_hi as i32,
         sc_lo as i32,
     ))
-}
-
-/// `v` unchanged, hidden from the optimizer: a byte shuffle by a constant mask stays one `vpshufb`
-/// (LLVM rewrites it into two or three word and dword shuffles, each as costly).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn opaque_i(mut v: __m256i) -> __m256i {
-    std::arch::asm!("/* {v} */", v = inout(ymm_reg) v, options(pure, nomem, nostack, preserves_flags));
-    v
-}
-
-/// `opaque_i` for 128 bits.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn opaque_x(mut v: __m128i) -> __m128i {
-    std::arch::asm!("/* {v} */", v = inout(xmm_reg) v, options(pure, nomem, nostack, preserves_flags));
-    v
 }
 
 /// Shuffle mask that broadcasts i16 lane `k` (0..8) of a 128-bit half to all its lanes.
