@@ -92,3 +92,21 @@ pub fn set_force_scalar(force: bool) {
 pub fn path_name() -> &'static str {
     path().name()
 }
+
+/// Ask for `len` bytes of `data` from offset `from` (clipped to the slice) to be brought into cache.
+#[inline(always)]
+pub fn prefetch(data: &[u8], from: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let end = (from + len).min(data.len());
+        let mut p = from;
+        while p < end {
+            // SAFETY: p < data.len(); a prefetch never faults and changes no memory.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(p) as *const i8) };
+            p += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, from, len);
+}

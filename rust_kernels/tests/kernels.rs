@@ -4,7 +4,8 @@
 use _native::matmul::{matmul_many, Weight};
 use _native::quant::act::{quantize_q8_0, quantize_q8_0_scalar, quantize_q8k, quantize_q8k_scalar};
 use _native::quant::{
-    dequantize_row, vec_dot, vec_dot_act_rows, vec_dot_scalar, Activations, GgmlType,
+    dequantize_row, has_row_runs, vec_dot, vec_dot_act_rows, vec_dot_act_rows_run, vec_dot_scalar,
+    Activations, GgmlType,
 };
 use _native::simd;
 use rand::{Rng, SeedableRng};
@@ -269,6 +270,41 @@ fn check_rows<const R: usize>(t: GgmlType, rng: &mut impl Rng) {
     }
 }
 
+/// `vec_dot_act_rows_run` over runs of weight rows (whole, partial, one row; with and without
+/// prefetching): it takes a run exactly where `has_row_runs` says so, and then every output equals
+/// the one-row `vec_dot`, bit for bit.
+fn check_runs<const R: usize>(t: GgmlType, rng: &mut impl Rng) {
+    let cols = cols_for(t);
+    let rb = t.row_bytes(cols);
+    let data: Vec<u8> = (0..9).flat_map(|_| random_row(t, cols, rng)).collect();
+    let x: Vec<f32> = (0..R * cols).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+    let acts = Activations::quantize(t.act_format(), &x, cols);
+    for (n0, len, ahead) in [(0, 9, None), (1, 7, Some(4096)), (8, 1, Some(64))] {
+        let mut out = vec![[f32::NAN; R]; len];
+        let taken = vec_dot_act_rows_run(t, &data, rb, n0, ahead, &acts.rows::<R>(0), &mut out);
+        assert_eq!(taken, has_row_runs(t, R), "{t:?} {R} rows");
+        if !taken {
+            assert!(
+                out.iter().flatten().all(|v| v.is_nan()),
+                "{t:?}: a declined run wrote"
+            );
+            continue;
+        }
+        for (j, vs) in out.iter().enumerate() {
+            let row = &data[(n0 + j) * rb..(n0 + j + 1) * rb];
+            for (i, v) in vs.iter().enumerate() {
+                let one = vec_dot(t, row, &acts, i);
+                assert_eq!(
+                    v.to_bits(),
+                    one.to_bits(),
+                    "{t:?} {R} rows: weight row {}",
+                    n0 + j
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn row_blocks_are_bit_identical_to_one_row_dot() {
     let _guard = FORCE.lock().unwrap_or_else(|e| e.into_inner());
@@ -280,6 +316,10 @@ fn row_blocks_are_bit_identical_to_one_row_dot() {
             check_rows::<3>(t, &mut rng);
             check_rows::<4>(t, &mut rng);
             check_rows::<8>(t, &mut rng);
+            check_runs::<1>(t, &mut rng);
+            check_runs::<3>(t, &mut rng);
+            check_runs::<4>(t, &mut rng);
+            check_runs::<8>(t, &mut rng);
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use super::act::RowSlices;
 use super::int_dots as int;
-use super::GgmlType;
+use super::{GgmlType, RowRun};
 use std::arch::x86_64::*;
 
 /// One weight row against activation rows already resolved to slices (`Activations::rows`),
@@ -32,6 +32,28 @@ pub unsafe fn vec_dot_act_rows_vnni<const R: usize>(
     ys: &RowSlices<R>,
 ) -> [f32; R] {
     act_rows::<R, true>(t, w, ys)
+}
+
+/// `vec_dot_act_rows_vnni` over a run of weight rows in one call, where a kernel has such a form
+/// (the biased VNNI forms of Q8_0, Q4_0 and Q5_0, 3+ activation rows); returns false, having done
+/// nothing, elsewhere.
+///
+/// # Safety
+/// As `vec_dot_act_rows_vnni`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn act_rows_run_vnni<const R: usize>(
+    t: GgmlType,
+    rows: &RowRun,
+    ys: &RowSlices<R>,
+    out: &mut [[f32; R]],
+) -> bool {
+    match (t, ys) {
+        (GgmlType::Q8_0, RowSlices::Q8_0(_, Some(us))) => int::q8_0_biased_run(rows, *us, out),
+        (GgmlType::Q4_0, RowSlices::Q8_0(_, Some(us))) => int::q4_0_biased_run(rows, *us, out),
+        (GgmlType::Q5_0, RowSlices::Q8_0(_, Some(us))) => int::q5_0_biased_run(rows, *us, out),
+        _ => return false,
+    }
+    true
 }
 
 #[inline(always)]

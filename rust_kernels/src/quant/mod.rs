@@ -149,6 +149,63 @@ pub fn vec_dot_act_rows<const R: usize>(t: GgmlType, w: &[u8], ys: &ActRows<R>) 
     std::array::from_fn(|i| vec_dot_scalar(t, w, ys.acts, ys.r0 + i))
 }
 
+/// `vec_dot_act_rows` for the `out.len()` weight rows from row `n0` of `data` (rows `rb` bytes
+/// apart) in one call, where a kernel has a form for a run of rows (the biased VNNI ones, 3+
+/// activation rows): `out[j]` = row `n0 + j`'s dots, same bits, and true. False, having done
+/// nothing, elsewhere. With `ahead`, each row read also prefetches the bytes that far past it.
+pub fn vec_dot_act_rows_run<const R: usize>(
+    t: GgmlType,
+    data: &[u8],
+    rb: usize,
+    n0: usize,
+    ahead: Option<usize>,
+    ys: &ActRows<R>,
+    out: &mut [[f32; R]],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if simd::path() == simd::Path::Vnni {
+        let rows = RowRun {
+            data,
+            rb,
+            n0,
+            ahead,
+        };
+        // SAFETY: the path is Vnni only when the CPU has every feature the VNNI form enables.
+        return unsafe { avx2::act_rows_run_vnni::<R>(t, &rows, &ys.rows, out) };
+    }
+    let _ = (t, data, rb, n0, ahead, ys, out);
+    false
+}
+
+/// Whether `vec_dot_act_rows_run` has a kernel for weight type `t` against a window of `rows`
+/// activation rows (its first register block then reads runs of weight rows).
+pub fn has_row_runs(t: GgmlType, rows: usize) -> bool {
+    simd::use_vnni()
+        && rows >= act::BIASED_MIN_ROWS
+        && matches!(t, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0)
+}
+
+/// Weight rows `n0..` of `data`, `rb` bytes apart, `ahead` bytes prefetched past each one read
+/// (see `vec_dot_act_rows_run`).
+pub(crate) struct RowRun<'a> {
+    data: &'a [u8],
+    rb: usize,
+    n0: usize,
+    ahead: Option<usize>,
+}
+
+impl RowRun<'_> {
+    /// Row `n0 + j` (its `rb` bytes), after asking for the bytes `ahead` past it.
+    #[inline(always)]
+    pub(crate) fn row(&self, j: usize) -> &[u8] {
+        let at = (self.n0 + j) * self.rb;
+        if let Some(a) = self.ahead {
+            simd::prefetch(self.data, at + a, self.rb);
+        }
+        &self.data[at..at + self.rb]
+    }
+}
+
 /// The portable reference path (also the one used on CPUs without AVX2).
 pub fn vec_dot_scalar(t: GgmlType, w: &[u8], acts: &Activations, r: usize) -> f32 {
     match (t, acts) {
