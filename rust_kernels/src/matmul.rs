@@ -205,8 +205,8 @@ impl<'a> RowBlocks<'a> {
     }
 
     /// `dot_run` over weight rows `rows`, `RUN_ROWS` at a time; `first`: the window that reads
-    /// them from memory. A function of its own, so the row-at-a-time loop of the other windows
-    /// compiles as it did without it.
+    /// them from memory. Kept out of line, so the task's row-at-a-time loop beside it stays as
+    /// small as it was.
     #[inline(never)]
     fn dot_runs(
         &self,

@@ -48,9 +48,15 @@ pub(crate) unsafe fn act_rows_run_vnni<const R: usize>(
     out: &mut [[f32; R]],
 ) -> bool {
     match (t, ys) {
-        (GgmlType::Q8_0, RowSlices::Q8_0(_, Some(us))) => int::q8_0_biased_run(rows, *us, out),
-        (GgmlType::Q4_0, RowSlices::Q8_0(_, Some(us))) => int::q4_0_biased_run(rows, *us, out),
-        (GgmlType::Q5_0, RowSlices::Q8_0(_, Some(us))) => int::q5_0_biased_run(rows, *us, out),
+        (GgmlType::Q8_0, RowSlices::Q8_0(ys, Some(us))) => {
+            int::q8_0_biased_run(rows, *ys, *us, out)
+        }
+        (GgmlType::Q4_0, RowSlices::Q8_0(ys, Some(us))) => {
+            int::q4_0_biased_run(rows, *ys, *us, out)
+        }
+        (GgmlType::Q5_0, RowSlices::Q8_0(ys, Some(us))) => {
+            int::q5_0_biased_run(rows, *ys, *us, out)
+        }
         _ => return false,
     }
     true

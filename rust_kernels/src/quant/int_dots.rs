@@ -175,77 +175,64 @@ unsafe fn read_u32(p: *const u8) -> u32 {
 }
 
 macro_rules! dot_vs_q8_0 {
-    ($name:ident, $biased:ident, $bytes:expr, |$b:ident| $load:expr) => {
+    ($name:ident, $bytes:expr, |$b:ident| $load:expr) => {
         /// One weight row against R activation rows; each output keeps the one-row operation order.
         /// Where the rows' biased form is given (`Activations` keeps it for several rows), the
-        /// VNNI form reads it instead of the blocks (`$biased`).
+        /// VNNI form reads it instead of the blocks: see `biased_sums_start`.
         #[inline(always)]
         pub(super) unsafe fn $name<const R: usize, const VNNI: bool>(
             w: &[u8],
             ys: [&[BlockQ8_0]; R],
             biased: Option<[&[BlockQ8_0Biased]; R]>,
         ) -> [f32; R] {
-            if let (Some(us), true) = (biased, VNNI) {
-                return $biased::<R>(w, us);
-            }
-            let nb = ys[0].len();
-            assert!(w.len() >= nb * $bytes && ys.iter().all(|y| y.len() == nb));
-            let mut acc = [_mm256_setzero_ps(); R];
-            for i in 0..nb {
-                let $b = w.as_ptr().add(i * $bytes);
-                let dw = f16_at(w, i * $bytes);
-                let qx: __m256i = $load;
-                let ax = _mm256_sign_epi8(qx, qx);
-                // dw * yd as a vector product of two broadcasts (the same IEEE product): the
-                // row's scale then costs a broadcast load and one multiply, no shuffle.
-                let bdw = opaque(_mm256_set1_ps(dw));
-                for r in 0..R {
-                    let yb = ys[r].get_unchecked(i);
-                    let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
-                    let d = _mm256_mul_ps(bdw, _mm256_broadcast_ss(&yb.d));
-                    acc[r] =
-                        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_u8_i8::<VNNI>(ax, sy)), acc[r]);
+            #[inline(always)]
+            unsafe fn rows<const R: usize, const VNNI: bool, const BIASED: bool>(
+                w: &[u8],
+                ys: [&[BlockQ8_0]; R],
+                us: [&[BlockQ8_0Biased]; R],
+            ) -> [f32; R] {
+                let nb = ys[0].len();
+                assert!(w.len() >= nb * $bytes && ys.iter().all(|y| y.len() == nb));
+                assert!(!BIASED || us.iter().all(|u| u.len() == nb));
+                let mut acc = [_mm256_setzero_ps(); R];
+                for i in 0..nb {
+                    let $b = w.as_ptr().add(i * $bytes);
+                    let dw = f16_at(w, i * $bytes);
+                    let qx: __m256i = $load;
+                    let (ax, start) = if BIASED {
+                        (_mm256_setzero_si256(), biased_sums_start(qx))
+                    } else {
+                        (_mm256_sign_epi8(qx, qx), _mm256_setzero_si256())
+                    };
+                    // dw * yd as a vector product of two broadcasts (the same IEEE product): the
+                    // row's scale then costs a broadcast load and one multiply, no shuffle.
+                    let bdw = opaque(_mm256_set1_ps(dw));
+                    for r in 0..R {
+                        // Biased: only the biased blocks are read (the same bytes a block).
+                        let (p, yd) = if BIASED {
+                            let ub = us[r].get_unchecked(i);
+                            (_mm256_dpbusd_epi32(start, load(ub.u.as_ptr()), qx), &ub.d)
+                        } else {
+                            let yb = ys[r].get_unchecked(i);
+                            let sy = _mm256_sign_epi8(load(yb.qs.as_ptr() as *const u8), qx);
+                            (dot_u8_i8::<VNNI>(ax, sy), &yb.d)
+                        };
+                        let d = _mm256_mul_ps(bdw, _mm256_broadcast_ss(yd));
+                        acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+                    }
                 }
-            }
-            // Plain loops: a closure here (not always inlined) took `acc` by reference, which
-            // kept the accumulators in memory with a store per row and block.
-            let mut out = [0.0f32; R];
-            for r in 0..R {
-                out[r] = hsum_ps(acc[r]);
-            }
-            out
-        }
-
-        /// One weight row against R biased activation rows (the VNNI form, `biased_sums_start`);
-        /// the same operation order as `$name`'s other form.
-        #[inline(always)]
-        pub(super) unsafe fn $biased<const R: usize>(
-            w: &[u8],
-            us: [&[BlockQ8_0Biased]; R],
-        ) -> [f32; R] {
-            #[allow(dead_code)] // read by the unpacking of some formats (Q5_0's)
-            const VNNI: bool = true;
-            let nb = us[0].len();
-            assert!(w.len() >= nb * $bytes && us.iter().all(|u| u.len() == nb));
-            let mut acc = [_mm256_setzero_ps(); R];
-            for i in 0..nb {
-                let $b = w.as_ptr().add(i * $bytes);
-                let dw = f16_at(w, i * $bytes);
-                let qx: __m256i = $load;
-                let start = biased_sums_start(qx);
-                let bdw = opaque(_mm256_set1_ps(dw));
+                // Plain loops: a closure here (not always inlined) took `acc` by reference, which
+                // kept the accumulators in memory with a store per row and block.
+                let mut out = [0.0f32; R];
                 for r in 0..R {
-                    let ub = us[r].get_unchecked(i);
-                    let p = _mm256_dpbusd_epi32(start, load(ub.u.as_ptr()), qx);
-                    let d = _mm256_mul_ps(bdw, _mm256_broadcast_ss(&ub.d));
-                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+                    out[r] = hsum_ps(acc[r]);
                 }
+                out
             }
-            let mut out = [0.0f32; R];
-            for r in 0..R {
-                out[r] = hsum_ps(acc[r]);
+            match biased {
+                Some(us) if VNNI => rows::<R, VNNI, true>(w, ys, us),
+                _ => rows::<R, VNNI, false>(w, ys, [&[]; R]),
             }
-            out
         }
     };
 }
@@ -264,14 +251,12 @@ unsafe fn biased_sums_start(w: __m256i) -> __m256i {
     _mm256_sub_epi32(_mm256_setzero_si256(), bias)
 }
 
-dot_vs_q8_0!(dot_q8_0, q8_0_biased, 34, |b| load(b.add(2)));
-dot_vs_q8_0!(dot_q4_0, q4_0_biased, 18, |b| _mm256_sub_epi8(
+dot_vs_q8_0!(dot_q8_0, 34, |b| load(b.add(2)));
+dot_vs_q8_0!(dot_q4_0, 18, |b| _mm256_sub_epi8(
     nibbles32(b.add(2)),
     _mm256_set1_epi8(8)
 ));
-dot_vs_q8_0!(dot_q5_0, q5_0_biased, 22, |b| q5_quants::<true, VNNI>(
-    b.add(2)
-));
+dot_vs_q8_0!(dot_q5_0, 22, |b| q5_quants::<true, VNNI>(b.add(2)));
 
 /// The biased kernels over a run of weight rows (one output per row), compiled for AVX-512 VNNI
 /// (the only path that keeps biased rows): see `vec_dot_act_rows_run`. The loop over the rows lives
@@ -282,19 +267,20 @@ macro_rules! biased_run {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         pub(super) unsafe fn $name<const R: usize>(
             rows: &RowRun,
+            ys: [&[BlockQ8_0]; R],
             us: [&[BlockQ8_0Biased]; R],
             out: &mut [[f32; R]],
         ) {
             for (j, o) in out.iter_mut().enumerate() {
-                *o = $kernel::<R>(rows.row(j), us);
+                *o = $kernel::<R, true>(rows.row(j), ys, Some(us));
             }
         }
     };
 }
 
-biased_run!(q8_0_biased_run, q8_0_biased);
-biased_run!(q4_0_biased_run, q4_0_biased);
-biased_run!(q5_0_biased_run, q5_0_biased);
+biased_run!(q8_0_biased_run, dot_q8_0);
+biased_run!(q4_0_biased_run, dot_q4_0);
+biased_run!(q5_0_biased_run, dot_q5_0);
 
 /// Q8_0 activation rows as the kernels take them: the blocks and, where kept, their biased quants
 /// (`biased_sums_start`).
