@@ -5,7 +5,10 @@
 //! prints per m: median ms of `--reps` calls and the ratio to m = 1; `path` caps the kernel path
 //! (scalar, avx2, avx512vnni). Environment: `IDLE_US=n` sleeps n µs before each call (the pool's
 //! threads may park, as between a model's kernel calls); `FLUSH=1` reads 64 MiB before each call
-//! (the weights then come from memory, as in a decode step, even when they would fit the caches).
+//! (the weights then come from memory, as in a decode step, even when they would fit the caches;
+//! the pool's threads park during that read). `COPIES=n` calls n copies of the matrix in turn, back
+//! to back with the threads awake, as a model's layers stream one after another: with the copies
+//! past the caches (e.g. 100 x 2 MiB), each call reads its weights from memory.
 
 use _native::matmul::{matmul_many, Weight};
 use _native::quant::GgmlType;
@@ -84,12 +87,17 @@ fn main() {
         data.chunks_exact_mut(2)
             .for_each(|c| c.copy_from_slice(&0x3800u16.to_le_bytes()));
     }
-    let w = Weight {
-        t,
-        data: &data,
-        rows,
-        cols,
-    };
+    let copies: usize = std::env::var("COPIES").map_or(1, |v| v.parse().unwrap());
+    let data = data.repeat(copies);
+    let ws: Vec<Weight> = data
+        .chunks_exact(rows * t.row_bytes(cols))
+        .map(|data| Weight {
+            t,
+            data,
+            rows,
+            cols,
+        })
+        .collect();
     // Optional 6th argument: the m values, comma-separated (e.g. 512 for a prompt).
     let ms: Vec<usize> = args.get(6).map_or(vec![1, 2, 3, 4, 8, 16], |s| {
         s.split(',').map(|v| v.parse().unwrap()).collect()
@@ -108,7 +116,8 @@ fn main() {
         let mut out = vec![0.0f32; m * rows];
         let mut times = Vec::new();
         let mut cpu = 0.0;
-        for _ in 0..reps {
+        for rep in 0..reps {
+            let w = ws[rep % copies];
             if let Some(us) = idle_us {
                 // the kernel threads park while the caller is away, as between a model's calls
                 std::thread::sleep(std::time::Duration::from_micros(us));
