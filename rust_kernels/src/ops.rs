@@ -33,7 +33,15 @@ pub fn rms_norm(x: &[f32], n: usize, w: Option<&[f32]>, eps: f32, out: &mut [f32
         return;
     }
     let mut sums = Vec::with_capacity(x.len() / n);
-    let mut groups = x.chunks_exact(n * NORM_ROWS);
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::use_avx2() {
+        for g in x.chunks_exact(n * 8) {
+            let rows = std::array::from_fn(|r| &g[r * n..(r + 1) * n]);
+            // SAFETY: use_avx2() reports AVX2 (and FMA, F16C).
+            sums.extend(unsafe { avx2::sums_of_squares8(rows) });
+        }
+    }
+    let mut groups = x[sums.len() * n..].chunks_exact(n * NORM_ROWS);
     for g in &mut groups {
         sums.extend(sums_of_squares::<NORM_ROWS>(std::array::from_fn(|r| {
             &g[r * n..(r + 1) * n]
@@ -246,6 +254,49 @@ pub(crate) mod avx2 {
             big,
         );
         _mm256_blendv_ps(slow, fast, is_fast)
+    }
+
+    /// `sums_of_squares` of 8 equal-length rows with the same operations per row: squares of 4
+    /// elements of each row (f32 products), transposed so that a 4-lane f64 register holds 4 rows'
+    /// sums, each lane adding its row's squares in element order. (The scalar form kept its
+    /// accumulators in memory: a store-to-load round trip in every chain step.)
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn sums_of_squares8(rows: [&[f32]; 8]) -> [f64; 8] {
+        let n = rows[0].len();
+        assert!(rows.iter().all(|r| r.len() == n));
+        let n4 = n & !3;
+        let mut acc = [_mm256_setzero_pd(); 2];
+        for i in (0..n4).step_by(4) {
+            for (h, a) in acc.iter_mut().enumerate() {
+                let sq = |r: usize| {
+                    let v = _mm_loadu_ps(rows[4 * h + r].as_ptr().add(i));
+                    _mm_mul_ps(v, v)
+                };
+                let (r0, r1, r2, r3) = (sq(0), sq(1), sq(2), sq(3));
+                // 4x4 transpose: column c holds element i + c of the four rows
+                let (t0, t1) = (_mm_unpacklo_ps(r0, r1), _mm_unpackhi_ps(r0, r1));
+                let (t2, t3) = (_mm_unpacklo_ps(r2, r3), _mm_unpackhi_ps(r2, r3));
+                let cols = [
+                    _mm_movelh_ps(t0, t2),
+                    _mm_movehl_ps(t2, t0),
+                    _mm_movelh_ps(t1, t3),
+                    _mm_movehl_ps(t3, t1),
+                ];
+                for c in cols {
+                    *a = _mm256_add_pd(*a, _mm256_cvtps_pd(c));
+                }
+            }
+        }
+        let mut out = [0.0f64; 8];
+        _mm256_storeu_pd(out.as_mut_ptr(), acc[0]);
+        _mm256_storeu_pd(out.as_mut_ptr().add(4), acc[1]);
+        for (o, r) in out.iter_mut().zip(&rows) {
+            for &v in &r[n4..] {
+                *o += (v * v) as f64;
+            }
+        }
+        out
     }
 
     /// `ops::silu` per lane.

@@ -33,7 +33,9 @@ fn rms_norm<'py>(
     };
     let out = py.detach(|| {
         let mut out = vec![0.0f32; rows * n];
-        ops::rms_norm(xs, n, ws, eps, &mut out);
+        threads::run_rows(&mut out, n, |r0, o| {
+            ops::rms_norm(&xs[r0 * n..r0 * n + o.len()], n, ws, eps, o)
+        });
         out
     });
     Ok(Array2::from_shape_vec((rows, n), out)
@@ -98,7 +100,10 @@ fn gated_unit<'py>(
     let (g, u) = (contiguous(&gate, "gate")?, contiguous(&up, "up")?);
     let out = py.detach(|| {
         let mut out = vec![0.0f32; rows * n];
-        kernel(g, u, &mut out);
+        threads::run_rows(&mut out, n, |r0, o| {
+            let at = r0 * n..r0 * n + o.len();
+            kernel(&g[at.clone()], &u[at], o)
+        });
         out
     });
     Ok(Array2::from_shape_vec((rows, n), out)
@@ -144,7 +149,7 @@ fn silu<'py>(
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let xs = contiguous(&x, "x")?;
     let mut v = vec![0.0f32; xs.len()];
-    ops::silu_slice(xs, &mut v);
+    py.detach(|| threads::run_rows(&mut v, 1, |i, o| ops::silu_slice(&xs[i..i + o.len()], o)));
     Ok(Array1::from_vec(v).into_pyarray(py))
 }
 

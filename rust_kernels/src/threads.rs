@@ -15,6 +15,7 @@
 //! thread whose own pool has another size uses the shared pool (the old hand-off) until the count
 //! is set back.
 
+use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,4 +114,32 @@ fn keep_warm(pool: &ThreadPool, call: u64) {
             }
         });
     }
+}
+
+/// Elements below which a row-wise or element-wise kernel runs on the calling thread alone (a
+/// decode step's rows): handing so little to the pool costs more than it saves.
+const SPLIT_MIN_ELEMENTS: usize = 1 << 15;
+
+/// `f(first_row, out_rows)` over chunks of whole rows of `out` (rows of `n`), split across the
+/// current rayon pool: a few chunks per thread, so a slow thread does not hold up the call. Each
+/// row is computed by one call of `f`, whichever thread runs it, so the bits do not depend on the
+/// split. Small `out` runs as one call on this thread.
+pub fn par_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if out.len() < SPLIT_MIN_ELEMENTS || n == 0 {
+        return f(0, out);
+    }
+    let rows = out.len() / n;
+    let per = rows.div_ceil(4 * rayon::current_num_threads()).max(1);
+    out.par_chunks_mut(per * n)
+        .enumerate()
+        .for_each(|(i, o)| f(i * per, o));
+}
+
+/// `par_rows` entered from outside the kernel pool (a binding): small work stays on the caller
+/// without touching the pool.
+pub fn run_rows(out: &mut [f32], n: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if out.len() < SPLIT_MIN_ELEMENTS || n == 0 {
+        return f(0, out);
+    }
+    run(|| par_rows(out, n, f));
 }

@@ -17,7 +17,7 @@ fn map<'py>(
         Ok(s) => s.to_vec(),
         Err(_) => x.as_array().iter().copied().collect(),
     };
-    py.detach(|| op(&mut v));
+    py.detach(|| crate::threads::run_rows(&mut v, 1, |_, o| op(o)));
     ArrayD::from_shape_vec(shape, v).unwrap().into_pyarray(py)
 }
 
