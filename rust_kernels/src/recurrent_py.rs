@@ -1,5 +1,5 @@
 //! Python binding of the recurrent layers (Gated DeltaNet, Mamba2): kernels and layouts in
-//! `recurrent.rs`.
+//! `recurrent/`.
 
 use crate::{contiguous, recurrent, threads, value_error};
 use numpy::ndarray::{Array2, Array3};

@@ -149,6 +149,12 @@ fn scan_row<const AVX: bool>(row: &mut [f32], da: f32, b: &[f32], x_dt: f32, c: 
 }
 
 #[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// State rows per group on the AVX-512 path of the delta rule.
+const WIDE_ROWS: usize = 4;
+
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
@@ -243,7 +249,7 @@ mod avx2 {
         st: &mut [f32],
         o: &mut [f32],
     ) {
-        super::gdn_head::<true>(a, h, src, st, o)
+        super::gdn_head::<true, false>(a, h, src, st, o)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -276,13 +282,16 @@ pub fn l2_norm(x: &[f32], n: usize, eps: f32, out: &mut [f32]) {
 /// src/models/models.h): `ggml_scale(ggml_rms_norm(x, eps / n), 1 / sqrtf(n))` per row of `n`, i.e.
 /// `x / sqrt(Σx² + eps)` with RMSNorm's rounding (`ops::rms_norm`) and one more multiply.
 /// (The model reference §3.4 describes the older `ggml_l2_norm` form, `l2_norm` here.)
+/// Rows are split across the current rayon pool (the rule runs inside `threads::run`).
 pub fn gdn_l2_norm(x: &[f32], n: usize, eps: f32, out: &mut [f32]) {
     let nf = n as f32;
-    crate::ops::rms_norm(x, n, None, eps / nf, out);
     let s = 1.0 / nf.sqrt();
-    for y in out.iter_mut() {
-        *y *= s;
-    }
+    crate::threads::par_rows(out, n, |r0, o| {
+        crate::ops::rms_norm(&x[r0 * n..r0 * n + o.len()], n, None, eps / nf, o);
+        for y in o.iter_mut() {
+            *y *= s;
+        }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -492,8 +501,9 @@ pub(crate) struct GdnArgs<'a> {
 
 /// One v head over all tokens. `st` = d_v rows of d_k (`st[j*d_k + i] = S[i][j]`), `o` = n_tokens × d_v.
 /// With `src`, the head's state is read from there and written to `st` (by the first token's decay).
+/// `WIDE` (AVX-512, with `AVX`): rows in groups of `WIDE_ROWS` through `avx512`'s row-group steps.
 #[inline(always)]
-fn gdn_head<const AVX: bool>(
+fn gdn_head<const AVX: bool, const WIDE: bool>(
     a: &GdnArgs,
     h: usize,
     src: Option<&[f32]>,
@@ -519,11 +529,32 @@ fn gdn_head<const AVX: bool>(
         // Rows are independent, so doing each row's four steps together gives the same bits as
         // ggml's four passes over the whole matrix.
         let from = src.filter(|_| t == 0); // after the first token the state is in `st`
+        let mut wide = 0;
+        #[cfg(target_arch = "x86_64")]
+        if WIDE {
+            const R: usize = WIDE_ROWS;
+            while wide + R <= dv {
+                let rows = st[wide * dk..(wide + R) * dk].as_mut_ptr();
+                let from_rows = from.map_or(rows as *const f32, |f| f[wide * dk..].as_ptr());
+                // SAFETY: WIDE is only true inside `avx512::gdn_head`, entered after CPU
+                // detection; the R rows at `rows` (and at `from_rows`, the same layout) are in
+                // bounds (sliced above), and `from` is `st` itself or a distinct buffer.
+                let sk: [f32; R] = unsafe { avx512::decay_dot_rows(from_rows, rows, dk, decay, k) };
+                let deltas = std::array::from_fn(|r| (v[wide + r] - sk[r]) * beta);
+                // SAFETY: as above.
+                let os: [f32; R] = unsafe { avx512::update_dot_rows(rows, dk, k, deltas, q) };
+                for (r, x) in os.into_iter().enumerate() {
+                    ot[wide + r] = x * scale;
+                }
+                wide += R;
+            }
+        }
         for (j, ((row, &vj), oj)) in st
             .chunks_exact_mut(dk)
             .zip(v)
             .zip(ot.iter_mut())
             .enumerate()
+            .skip(wide)
         {
             let sk = decay_dot::<AVX>(from.map(|f| &f[j * dk..(j + 1) * dk]), row, decay, k);
             let delta = (vj - sk) * beta;
@@ -586,8 +617,15 @@ pub fn gated_delta_rule(
         s,
     };
     let use_avx2 = crate::simd::use_avx2();
+    let use_avx512 = crate::simd::use_vnni();
     let head = |(h, (o, st)): (usize, (&mut [f32], &mut [f32]))| {
         let src = state_in.map(|s| &s[h * dv * dk..(h + 1) * dv * dk]);
+        #[cfg(target_arch = "x86_64")]
+        if use_avx512 {
+            // SAFETY: use_vnni reports AVX-512 F (and the AVX2 set below it).
+            unsafe { avx512::gdn_head(&a, h, src, st, o) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if use_avx2 {
             // SAFETY: use_avx2 reports AVX2 and FMA.
@@ -595,7 +633,7 @@ pub fn gated_delta_rule(
             return;
         }
         let _ = use_avx2;
-        gdn_head::<false>(&a, h, src, st, o);
+        gdn_head::<false, false>(&a, h, src, st, o);
     };
     if n == 1 {
         // one token: a head's outputs are already where `out` wants them
