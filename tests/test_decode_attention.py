@@ -41,6 +41,30 @@ def test_each_span_has_the_bits_of_its_own_call(n_head: int, n_kv: int, hd: int,
     np.testing.assert_array_equal(out[7], np.full(n_head * hd, 7.0, np.float32))
 
 
+@pytest.mark.parametrize("window", [0, 100])
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(8, 2, 256), (4, 4, 64), (6, 3, 40)])
+def test_prompt_blocks_over_several_key_chunks_keep_each_rows_bits(n_head: int, n_kv: int, hd: int, window: int) -> None:
+    """A prompt's rows go in blocks of 8 that share each chunk of keys and values (32 KiB of one KV
+    head: 64 keys of 256 dims, 256 of 64); a row alone takes its keys in one pass. Across chunk
+    boundaries, sliding windows, a last block of fewer rows and rows out of position order, every
+    row keeps the bits of its own call, on the SIMD and the scalar path alike."""
+    rng = np.random.default_rng(n_head + hd + window)
+    n, rows = 300, 27
+    q = rng.standard_normal((rows, n_head, hd)).astype(np.float32) * 0.3
+    k, v = cache(rng, n, n_kv, hd)
+    pos = rng.permutation(np.arange(n - 60, n, dtype=np.int32))[:rows]
+    got = hk.attention(q, k, v, pos, window)
+    for i in range(rows):
+        one = hk.attention(q[i : i + 1], k, v, pos[i : i + 1], window)
+        np.testing.assert_array_equal(got[i], one[0])
+    try:
+        hk.set_force_scalar(True)
+        scalar = hk.attention(q, k, v, pos, window)
+    finally:
+        hk.set_force_scalar(False)
+    np.testing.assert_array_equal(got, scalar)
+
+
 def test_kq_scale_and_no_spans() -> None:
     rng = np.random.default_rng(3)
     q = rng.standard_normal((2, 4, 32)).astype(np.float32)

@@ -63,47 +63,49 @@ pub unsafe fn softmax(p: &mut [f32], first: usize, last: usize) {
     }
 }
 
-/// `weighted_sum`'s lanes, lane by lane: for lane l and C chunks of 8 dims the G·C partial
-/// sums stay in registers while the lane's keys (l, l+8, ... ascending, the order of the
-/// one-head loop) pass; each value chunk is converted once for the G heads.
+/// `add_lanes` for keys `a..=b`, lane by lane: for lane l and C chunks of 8 dims the G·C
+/// partial sums are loaded into registers, the lane's keys in the range (ascending, the order of
+/// the one-head loop) pass, and the sums are stored back; each value chunk is converted once for
+/// the G heads.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn lanes<const G: usize>(
     ps: [&[f32]; G],
     v: &[u16],
     keys: Keys,
+    (a, b): (usize, usize),
     hd: usize,
     lanes: &mut [f32],
 ) {
-    let (first, last) = (keys.first, keys.last);
-    assert!(lanes.len() == G * 8 * hd && v.len() >= keys.at(last) + hd);
-    assert!(ps.iter().all(|p| p.len() == last + 1 - first));
+    assert!(lanes.len() == G * 8 * hd && v.len() >= keys.at(b) + hd);
+    assert!(keys.first <= a && b <= keys.last);
+    assert!(ps.iter().all(|p| p.len() == keys.last + 1 - keys.first));
     for l in 0..8 {
-        let j0 = first + (l + 8 - first % 8) % 8;
-        if j0 > last {
+        let j0 = a + (l + 8 - a % 8) % 8;
+        if j0 > b {
             continue;
         }
         let mut c = 0;
         while c + 2 <= hd / 8 {
-            lane_chunks::<G, 2>(ps, v, keys, j0, 8 * c, lanes, l * hd + 8 * c, hd);
+            lane_chunks::<G, 2>(ps, v, keys, (j0, b), 8 * c, lanes, l * hd + 8 * c, hd);
             c += 2;
         }
         if c < hd / 8 {
-            lane_chunks::<G, 1>(ps, v, keys, j0, 8 * c, lanes, l * hd + 8 * c, hd);
+            lane_chunks::<G, 1>(ps, v, keys, (j0, b), 8 * c, lanes, l * hd + 8 * c, hd);
         }
         for d in 8 * (hd / 8)..hd {
-            for j in (j0..=last).step_by(8) {
+            for j in (j0..=b).step_by(8) {
                 let x = super::f16_to_f32(v[keys.at(j) + d]);
                 for (g, p) in ps.iter().enumerate() {
-                    lanes[(g * 8 + l) * hd + d] += p[j - first] * x;
+                    lanes[(g * 8 + l) * hd + d] += p[j - keys.first] * x;
                 }
             }
         }
     }
 }
 
-/// C chunks of 8 dims from `dim` for the keys `j0, j0+8, ..= last` of one lane; head g's sums
-/// go to `lanes[g * 8 * hd + at ..]`.
+/// C chunks of 8 dims from `dim` for the keys `j0, j0+8, ..= b` of one lane; head g's sums
+/// are at `lanes[g * 8 * hd + at ..]`, continued from what they hold.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -111,15 +113,18 @@ unsafe fn lane_chunks<const G: usize, const C: usize>(
     ps: [&[f32]; G],
     v: &[u16],
     keys: Keys,
-    j0: usize,
+    (j0, b): (usize, usize),
     dim: usize,
     lanes: &mut [f32],
     at: usize,
     hd: usize,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); C]; G];
+    let sums = |g: usize, c: usize| g * 8 * hd + at + 8 * c;
+    let mut acc: [[__m256; C]; G] = std::array::from_fn(|g| {
+        std::array::from_fn(|c| _mm256_loadu_ps(lanes.as_ptr().add(sums(g, c))))
+    });
     let mut j = j0;
-    while j <= keys.last {
+    while j <= b {
         let vp = v.as_ptr().add(keys.at(j) + dim);
         let x: [__m256; C] = std::array::from_fn(|c| load_f16x8(vp.add(8 * c)));
         for (accs, p) in acc.iter_mut().zip(ps) {
@@ -132,18 +137,16 @@ unsafe fn lane_chunks<const G: usize, const C: usize>(
     }
     for (g, accs) in acc.iter().enumerate() {
         for (c, a) in accs.iter().enumerate() {
-            _mm256_storeu_ps(lanes.as_mut_ptr().add(g * 8 * hd + at + 8 * c), *a);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(sums(g, c)), *a);
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn heads<const G: usize, const N: usize>(
-    qs: [&[f32]; G],
+    rows: &mut [super::BlockRow<G>],
     k: &[u16],
     v: &[u16],
-    keys: Keys,
-    os: &mut [f32],
 ) {
-    super::heads::<true, G, N>(qs, k, v, keys, os)
+    super::heads::<true, G, N>(rows, k, v)
 }

@@ -149,35 +149,39 @@ fn group_sum(p: &[f32], first: usize, last: usize) -> f64 {
     sum
 }
 
-/// The weighted sums of values of G heads over the same keys, as llama.cpp sums them: 8 lanes
-/// by key position (lane = j % 8, keys ascending within a lane), then `hsum8` over the lanes per
-/// dim. `os` holds the G heads' outputs one after another.
+/// Adds keys `a..=b` to the weighted sums of values of G heads over the same keys, as llama.cpp
+/// sums them: 8 lanes by key position (lane = j % 8, keys ascending within a lane), kept in
+/// `lanes[(g * 8 + l) * hd + d]` (head g's lane l at dim d). Calls over ascending, adjoining ranges
+/// continue each lane's chain of adds exactly as one call over their union would.
 #[inline(always)]
-fn weighted_sum<const AVX: bool, const G: usize>(
+fn add_lanes<const AVX: bool, const G: usize>(
     ps: [&[f32]; G],
     v: &[u16],
     keys: Keys,
-    hd: usize,
-    os: &mut [f32],
+    (a, b): (usize, usize),
+    lanes: &mut [f32],
 ) {
-    // lanes[(g * 8 + l) * hd + d]: head g's lane l at dim d.
-    let mut lanes = vec![0.0f32; G * 8 * hd];
+    let hd = lanes.len() / (G * 8);
     #[cfg(target_arch = "x86_64")]
     if AVX {
         // SAFETY: as in `scores`.
-        unsafe { avx2::lanes(ps, v, keys, hd, &mut lanes) };
+        unsafe { avx2::lanes(ps, v, keys, (a, b), hd, lanes) };
+        return;
     }
-    if !AVX {
-        for j in keys.first..=keys.last {
-            let vj = &v[keys.at(j)..keys.at(j) + hd];
-            for (g, p) in ps.iter().enumerate() {
-                let lane = &mut lanes[(g * 8 + j % 8) * hd..][..hd];
-                for (a, &x) in lane.iter_mut().zip(vj) {
-                    *a += p[j - keys.first] * f16_to_f32(x);
-                }
+    for j in a..=b {
+        let vj = &v[keys.at(j)..keys.at(j) + hd];
+        for (g, p) in ps.iter().enumerate() {
+            let lane = &mut lanes[(g * 8 + j % 8) * hd..][..hd];
+            for (acc, &x) in lane.iter_mut().zip(vj) {
+                *acc += p[j - keys.first] * f16_to_f32(x);
             }
         }
     }
+}
+
+/// Each head's output dims: `hsum8` over its 8 lanes (`os` holds the G heads one after another).
+#[inline(always)]
+fn reduce_lanes<const G: usize>(lanes: &[f32], hd: usize, os: &mut [f32]) {
     for (g, o) in os.chunks_exact_mut(hd).enumerate() {
         for (d, out) in o.iter_mut().enumerate() {
             *out = hsum8(&std::array::from_fn(|l| lanes[(g * 8 + l) * hd + d]));
@@ -185,25 +189,103 @@ fn weighted_sum<const AVX: bool, const G: usize>(
     }
 }
 
-/// G query heads that share one KV head (grouped-query attention), each exactly as it would be
-/// alone: scores (N keys at a time), softmax, f16 probabilities, weighted sum of values. Sharing
-/// only saves loads and f16 conversions of keys and values; no head's bits depend on G or N.
+/// Query rows per work item of a prompt: a block's rows read each chunk of keys and values from
+/// memory once and from L1 for the other rows. A row at a time re-read the cache for every row (a
+/// 4096-token prompt's attention streamed ~17 GB per layer and was bound by it).
+const ROW_BLOCK: usize = 8;
+/// Bytes of one KV head's keys (or values) per chunk: they stay in L1 while the block's rows pass.
+const CHUNK_BYTES: usize = 32 << 10;
+
+/// One query row of a block: its G heads' queries (already scaled), the keys it sees and where its
+/// G heads' outputs go.
+struct BlockRow<'a, const G: usize> {
+    qs: [&'a [f32]; G],
+    keys: Keys,
+    out: &'a mut [f32],
+}
+
+/// G query heads that share one KV head (grouped-query attention), for a block of query rows of
+/// one sequence, each (row, head) exactly as it would be alone: scores (N keys at a time),
+/// softmax, f16 probabilities, weighted sum of values. The rows share the loads of each chunk of
+/// keys and values, the heads the loads and f16 conversions; no result's bits depend on G, N, the
+/// block or the chunks (each score is its own dot; each lane's adds stay in key order).
 #[inline(always)]
 fn heads<const AVX: bool, const G: usize, const N: usize>(
-    qs: [&[f32]; G],
+    rows: &mut [BlockRow<G>],
     k: &[u16],
     v: &[u16],
-    keys: Keys,
-    os: &mut [f32],
 ) {
-    let (first, last, hd) = (keys.first, keys.last, qs[0].len());
-    let qh: [Vec<f32>; G] = qs.map(|q| q.iter().map(|&x| f16::from_f32(x).to_f32()).collect());
-    let qh: [&[f32]; G] = std::array::from_fn(|g| qh[g].as_slice());
+    let hd = rows[0].qs[0].len();
+    let lo = rows.iter().map(|r| r.keys.first).min().unwrap_or(0);
+    let hi = rows.iter().map(|r| r.keys.last).max().unwrap_or(0);
+    // A lone row (a decode step) takes its keys in one chunk: there is nothing to share, and each
+    // chunk costs a pass over the lane sums.
+    let chunk = if rows.len() == 1 {
+        hi + 1 - lo
+    } else {
+        (CHUNK_BYTES / (2 * hd)).max(8)
+    };
+    let chunks = || {
+        (lo..=hi)
+            .step_by(chunk)
+            .map(move |c| (c, (c + chunk - 1).min(hi)))
+    };
+    // the part of chunk (c0, c1) that row r sees, if any
+    let part = |keys: &Keys, (c0, c1): (usize, usize)| {
+        let (a, b) = (c0.max(keys.first), c1.min(keys.last));
+        (a <= b).then_some((a, b))
+    };
+    let qh: Vec<[Vec<f32>; G]> = rows
+        .iter()
+        .map(|r| {
+            r.qs.map(|q| q.iter().map(|&x| f16::from_f32(x).to_f32()).collect())
+        })
+        .collect();
+    let mut ps: Vec<[Vec<f32>; G]> = rows
+        .iter()
+        .map(|r| std::array::from_fn(|_| Vec::with_capacity(r.keys.last + 1 - r.keys.first)))
+        .collect();
+    for c in chunks() {
+        for ((row, q), p) in rows.iter().zip(&qh).zip(ps.iter_mut()) {
+            if let Some(range) = part(&row.keys, c) {
+                let q: [&[f32]; G] = std::array::from_fn(|g| q[g].as_slice());
+                add_scores::<AVX, G, N>(q, k, row.keys, range, p);
+            }
+        }
+    }
+    for (row, p) in rows.iter().zip(ps.iter_mut()) {
+        for p in p.iter_mut() {
+            softmax::<AVX>(p, row.keys.first, row.keys.last);
+        }
+    }
+    let mut lanes: Vec<Vec<f32>> = rows.iter().map(|_| vec![0.0f32; G * 8 * hd]).collect();
+    for c in chunks() {
+        for ((row, p), l) in rows.iter().zip(&ps).zip(lanes.iter_mut()) {
+            if let Some(range) = part(&row.keys, c) {
+                let p: [&[f32]; G] = std::array::from_fn(|g| p[g].as_slice());
+                add_lanes::<AVX, G>(p, v, row.keys, range, l);
+            }
+        }
+    }
+    for (row, l) in rows.iter_mut().zip(&lanes) {
+        reduce_lanes::<G>(l, hd, row.out);
+    }
+}
+
+/// Appends the scaled scores of keys `a..=b` (N at a time) to each head's `ps`.
+#[inline(always)]
+fn add_scores<const AVX: bool, const G: usize, const N: usize>(
+    qh: [&[f32]; G],
+    k: &[u16],
+    keys: Keys,
+    (a, b): (usize, usize),
+    ps: &mut [Vec<f32>; G],
+) {
+    let hd = qh[0].len();
     let key_row = |j: usize| &k[keys.at(j)..keys.at(j) + hd];
-    let mut ps: [Vec<f32>; G] = std::array::from_fn(|_| Vec::with_capacity(last + 1 - first));
-    let mut j = first;
-    while j <= last {
-        if j + N <= last + 1 {
+    let mut j = a;
+    while j <= b {
+        if j + N <= b + 1 {
             let grid = scores::<AVX, G, N>(qh, std::array::from_fn(|i| key_row(j + i)));
             for (p, row) in ps.iter_mut().zip(grid) {
                 p.extend(row.map(|x| x * keys.kq_scale));
@@ -217,22 +299,19 @@ fn heads<const AVX: bool, const G: usize, const N: usize>(
             j += 1;
         }
     }
-    for p in ps.iter_mut() {
-        softmax::<AVX>(p, first, last);
-    }
-    weighted_sum::<AVX, G>(std::array::from_fn(|g| ps[g].as_slice()), v, keys, hd, os);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
 /// Query heads per work item: the largest of 4, 2, 1 that divides the heads per KV head and
-/// still leaves each thread several items (a decode row alone keeps one head per item).
-fn heads_per_item(rows: usize, n_head: usize, group: usize) -> usize {
+/// still leaves each thread several items (`blocks`: the row blocks of the call; a decode row
+/// alone keeps one head per item).
+fn heads_per_item(blocks: usize, n_head: usize, group: usize) -> usize {
     let items_wanted = 4 * rayon::current_num_threads();
     [4, 2]
         .into_iter()
-        .find(|&g| group.is_multiple_of(g) && rows * n_head / g >= items_wanted)
+        .find(|&g| group.is_multiple_of(g) && blocks * n_head / g >= items_wanted)
         .unwrap_or(1)
 }
 
@@ -269,73 +348,93 @@ pub fn attention(
     );
 }
 
+/// A work item: a block of up to `ROW_BLOCK` rows of one span, for the query heads `h0..` of one
+/// KV head, with each row's outputs for those heads.
+struct Item<'a, 's> {
+    span: &'s Span<'a>,
+    r0: usize,
+    h0: usize,
+    outs: Vec<&'s mut [f32]>,
+}
+
 /// Every span's rows of `q` over its own cache, in one parallel pass (a decode step of k
 /// sequences is one dispatch, not k). Spans must be disjoint; rows outside every span are left
 /// as they were in `out`. Each (row, head) result is the same as in a batch of its own.
 pub fn attention_spans(q: &[f32], spans: &[Span], s: &AttentionShape, out: &mut [f32]) {
     let (hd, n_head) = (s.head_dim, s.n_head);
     let group = n_head / s.n_kv;
-    let kv_row = s.n_kv * hd;
-    let use_avx2 = crate::simd::use_avx2();
-    let rows: usize = spans.iter().map(|sp| sp.rows.len()).sum();
-    let per_item = heads_per_item(rows, n_head, group);
+    let blocks: usize = spans
+        .iter()
+        .map(|sp| sp.rows.len().div_ceil(ROW_BLOCK))
+        .sum();
+    let per_item = heads_per_item(blocks, n_head, group);
     let items_per_row = n_head / per_item;
-    // the span of each output row, None for rows no span covers
-    let mut span_of = vec![None; out.len() / (n_head * hd)];
-    for (i, sp) in spans.iter().enumerate() {
-        debug_assert_eq!(sp.rows.len(), sp.positions.len());
-        for r in sp.rows.clone() {
-            debug_assert!(span_of[r].is_none(), "spans overlap at row {r}");
-            span_of[r] = Some(i);
+    // every row's outputs cut into its head groups, each taken by the one item that writes it
+    let mut parts: Vec<Option<&mut [f32]>> = out.chunks_mut(per_item * hd).map(Some).collect();
+    let mut items = Vec::with_capacity(blocks * items_per_row);
+    for span in spans {
+        debug_assert_eq!(span.rows.len(), span.positions.len());
+        for r0 in span.rows.clone().step_by(ROW_BLOCK) {
+            let r1 = (r0 + ROW_BLOCK).min(span.rows.end);
+            for h in 0..items_per_row {
+                let outs = (r0..r1)
+                    .map(|r| parts[r * items_per_row + h].take().expect("spans overlap"))
+                    .collect();
+                items.push(Item {
+                    span,
+                    r0,
+                    h0: h * per_item,
+                    outs,
+                });
+            }
         }
     }
-    out.par_chunks_mut(per_item * hd)
+    let use_avx2 = crate::simd::use_avx2();
+    items.into_par_iter().for_each(|item| match per_item {
+        4 => run::<4, 2>(use_avx2, q, s, item),
+        2 => run::<2, 4>(use_avx2, q, s, item),
+        _ => run::<1, 4>(use_avx2, q, s, item),
+    });
+}
+
+/// One item's block of rows through `heads`, on the AVX2 path when the CPU has it, else on the
+/// portable one.
+fn run<const G: usize, const N: usize>(use_avx2: bool, q: &[f32], s: &AttentionShape, item: Item) {
+    let (hd, n_head) = (s.head_dim, s.n_head);
+    let Item { span, r0, h0, outs } = item;
+    let mut rows: Vec<BlockRow<G>> = outs
+        .into_iter()
         .enumerate()
-        .for_each(|(idx, os)| {
-            let (row, h0) = (idx / items_per_row, idx % items_per_row * per_item);
-            let Some(sp) = span_of[row].map(|i| &spans[i]) else {
-                return;
-            };
-            let last = sp.positions[row - sp.rows.start] as usize;
+        .map(|(i, out)| {
+            let row = r0 + i;
+            let last = span.positions[row - span.rows.start] as usize;
             let first = if s.window > 0 {
                 (last + 1).saturating_sub(s.window)
             } else {
                 0
             };
-            let q_at = |g: usize| &q[(row * n_head + h0 + g) * hd..][..hd];
-            let keys = Keys {
-                kv_row,
-                kv_off: (h0 / group) * hd,
-                first,
-                last,
-                kq_scale: s.kq_scale,
-            };
-            let (k, v) = (sp.k, sp.v);
-            match per_item {
-                4 => run::<4, 2>(use_avx2, std::array::from_fn(q_at), k, v, keys, os),
-                2 => run::<2, 4>(use_avx2, std::array::from_fn(q_at), k, v, keys, os),
-                _ => run::<1, 4>(use_avx2, [q_at(0)], k, v, keys, os),
+            BlockRow {
+                qs: std::array::from_fn(|g| &q[(row * n_head + h0 + g) * hd..][..hd]),
+                keys: Keys {
+                    kv_row: s.n_kv * hd,
+                    kv_off: (h0 / (n_head / s.n_kv)) * hd,
+                    first,
+                    last,
+                    kq_scale: s.kq_scale,
+                },
+                out,
             }
-        });
-}
-
-/// `heads` on the AVX2 path when the CPU has it, else on the portable one.
-fn run<const G: usize, const N: usize>(
-    use_avx2: bool,
-    qs: [&[f32]; G],
-    k: &[u16],
-    v: &[u16],
-    keys: Keys,
-    os: &mut [f32],
-) {
+        })
+        .collect();
+    let (k, v) = (span.k, span.v);
     #[cfg(target_arch = "x86_64")]
     if use_avx2 {
         // SAFETY: use_avx2 reports AVX2, FMA and F16C.
-        unsafe { avx2::heads::<G, N>(qs, k, v, keys, os) };
+        unsafe { avx2::heads::<G, N>(&mut rows, k, v) };
         return;
     }
     let _ = use_avx2;
-    heads::<false, G, N>(qs, k, v, keys, os);
+    heads::<false, G, N>(&mut rows, k, v);
 }
 
 #[cfg(test)]
