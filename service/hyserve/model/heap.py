@@ -6,6 +6,13 @@ every layer pays page faults to map and zero them again (`perf`: ~10% kernel tim
 prompt of the realistic qwen35 took ~25% longer). Raising the mmap threshold to glibc's maximum and
 the trim threshold to 1 GiB keeps freed buffers for reuse; the cost is that the process keeps its
 heap's high-water mark (as servers that preallocate their compute buffers do).
+
+glibc caps the mmap threshold at 32 MiB, and a 4096-token prompt's buffers are larger (the realistic
+qwen35's FFN: 4096 x 3584 floats, 59 MB; its q/k/v projection 101 MB), so those were still mapped
+and faulted in afresh in every layer. So mmap is switched off for allocations altogether
+(`M_MMAP_MAX` 0), and all threads share the main arena (`M_ARENA_MAX` 1): a thread's own arena
+grows in 64 MiB heaps, which cannot hold such a buffer either (the engine thread's forward calls).
+4096-token qwen35 prompt in a thread, two samples: 35.1 / 35.4 s -> 32.6 / 31.2 s.
 `HYSERVE_MALLOC_TUNING=0` leaves glibc's settings alone.
 """
 
@@ -23,6 +30,8 @@ log = structlog.get_logger(__name__)
 # mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
+M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD_BYTES = 1 << 30
 
@@ -41,8 +50,12 @@ def keep_freed_buffers() -> bool:
         _tuned = False
         if wants_tuning(os.environ, platform.libc_ver()[0]):
             libc = ctypes.CDLL(ctypes.util.find_library("c"))
-            _tuned = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
-                libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-            )
+            settings = [
+                (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+                (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+                (M_MMAP_MAX, 0),
+                (M_ARENA_MAX, 1),
+            ]
+            _tuned = all([bool(libc.mallopt(param, value)) for param, value in settings])
             log.debug("malloc_tuning", applied=_tuned)
     return _tuned
