@@ -49,13 +49,13 @@ const SCAN_BINDINGS: &[(u32, Access)] = &[
 ];
 static DELTA_RULE: Kernel = Kernel {
     name: "delta_rule",
-    sources: &[include_str!("shaders/delta_rule.wgsl")],
+    sources: &[MATH, include_str!("shaders/delta_rule.wgsl")],
     entry: "main",
     bindings: SCAN_BINDINGS,
 };
 static MAMBA2_SCAN: Kernel = Kernel {
     name: "mamba2_scan",
-    sources: &[include_str!("shaders/mamba2_scan.wgsl")],
+    sources: &[MATH, include_str!("shaders/mamba2_scan.wgsl")],
     entry: "main",
     bindings: SCAN_BINDINGS,
 };

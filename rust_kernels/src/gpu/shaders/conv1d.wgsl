@@ -45,8 +45,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         let v = input(t + k, c);
         let wk = w[c * p.kernel + k];
         if k < p.fused_from {
-            let prod = v * wk;
-            s = s + prod;
+            // the CPU rounds this product: `mul_soft`, since a driver may fuse `v * wk` into the add
+            s = s + mul_soft(v, wk);
         } else {
             s = fma(v, wk, s);
         }

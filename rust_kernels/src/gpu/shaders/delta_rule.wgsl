@@ -1,5 +1,5 @@
 // The Gated DeltaNet recurrence (Qwen3.5 / Qwen3-Next linear attention), as the CPU kernel
-// (rust_kernels/src/recurrent.rs, llama.cpp's GATED_DELTA_NET) runs it, per v head h and per token:
+// (rust_kernels/src/recurrent/, llama.cpp's GATED_DELTA_NET) runs it, per v head h and per token:
 //   S <- exp(g) S;  delta[j] = beta (v[j] - sum_i S[i,j] k[i]);  S[i,j] += k[i] delta[j];
 //   o[j] = (sum_i S[i,j] q[i]) / sqrt(d_k)
 // State layout [h][j][i] (key index contiguous). State rows j are independent, so one invocation
@@ -59,8 +59,7 @@ fn dot_row(row: u32, at: u32, which: u32) -> f32 {
     for (var i = np; i < n; i++) {
         let y = select(k[at + i], q[at + i], which == 1u);
         if i < split {
-            let prod = state_out[row + i] * y;
-            sum = sum + prod;
+            sum = sum + mul_soft(state_out[row + i], y);  // rounded, as the CPU's (never fused)
         } else {
             sum = fma(state_out[row + i], y, sum);
         }

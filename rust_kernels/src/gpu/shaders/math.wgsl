@@ -309,28 +309,39 @@ fn to_f16(v: f32) -> f32 {
     return unpack2x16float(f16_bits(v)).x;
 }
 
+// a * b rounded once, in integers (`fma_soft` with -0 added: the product's own sign survives)
+fn mul_soft(a: f32, b: f32) -> f32 {
+    return fma_soft(a, b, -0.0);
+}
+
 // ggml's vectorised expf (ggml_v_expf), the one the CPU softmax and SiLU use: same constants,
-// same fused operations. ggml rounds x·log2(e) with the 1.5·2^23 addition trick; shader compilers
-// may fold `(a + r) - r` to `a`, so the rounding is spelled out (round half to even, as the trick).
+// same operations, each rounded once as the CPU's and computed in integers (`fma_soft`,
+// `mul_soft`), whatever FUSED_FMA says. SPIR-V without NoContraction lets a driver split an `fma`
+// or fuse a product into the add it feeds, and results computed in integers leave it nothing to
+// rearrange: an NVIDIA H200 under Vulkan (fused `fma` by the device's probe) gave SiLU 1-2 ulps
+// off the CPU on 0.7% of inputs with the hardware `fma` here. x·log2(e) is rounded to an integer
+// as ggml does, by adding 1.5·2^23 in the fused step and subtracting it again.
 fn expf_ggml(x: f32) -> f32 {
-    let n = round(x * bitcast<f32>(0x3fb8aa3bu));
-    let b = fma_exact(-n, bitcast<f32>(0x35bfbe8eu), fma_exact(-n, bitcast<f32>(0x3f317200u), x));
-    let e = bitcast<u32>(i32(n)) << 23u;
+    let r = bitcast<f32>(0x4b400000u);
+    let z = fma_soft(x, bitcast<f32>(0x3fb8aa3bu), r);
+    let n = z - r;
+    let b = fma_soft(-n, bitcast<f32>(0x35bfbe8eu), fma_soft(-n, bitcast<f32>(0x3f317200u), x));
+    let e = bitcast<u32>(z) << 23u;
     let k = bitcast<f32>(e + 0x3f800000u);
-    let u = b * b;
-    let j = fma_exact(
-        fma_exact(fma_exact(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
-            fma_exact(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))),
+    let u = mul_soft(b, b);
+    let j = fma_soft(
+        fma_soft(fma_soft(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
+            fma_soft(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))),
         u,
-        bitcast<f32>(0x3f7ffff6u) * b);
+        mul_soft(bitcast<f32>(0x3f7ffff6u), b));
     if abs(n) <= 126.0 {
-        return fma_exact(j, k, k);
+        return fma_soft(j, k, k);
     }
     let g = select(0u, 0x82000000u, n <= 0.0);
     let s1 = bitcast<f32>(g + 0x7f000000u);
     let s2 = bitcast<f32>(e - g);
     if abs(n) > 192.0 {
-        return s1 * s1;
+        return mul_soft(s1, s1);
     }
-    return fma_exact(s2, j, s2) * s1;
+    return mul_soft(fma_soft(s2, j, s2), s1);
 }
