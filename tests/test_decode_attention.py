@@ -43,7 +43,9 @@ def test_each_span_has_the_bits_of_its_own_call(n_head: int, n_kv: int, hd: int,
 
 @pytest.mark.parametrize("window", [0, 100])
 @pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(8, 2, 256), (4, 4, 64), (6, 3, 40)])
-def test_prompt_blocks_over_several_key_chunks_keep_each_rows_bits(n_head: int, n_kv: int, hd: int, window: int) -> None:
+def test_prompt_blocks_over_several_key_chunks_keep_each_rows_bits(
+    n_head: int, n_kv: int, hd: int, window: int
+) -> None:
     """A prompt's rows go in blocks of 8 that share each chunk of keys and values (32 KiB of one KV
     head: 64 keys of 256 dims, 256 of 64); a row alone takes its keys in one pass. Across chunk
     boundaries, sliding windows, a last block of fewer rows and rows out of position order, every
