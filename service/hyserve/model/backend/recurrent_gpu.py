@@ -122,9 +122,15 @@ class GpuRecurrentOps:
         l2_eps: float | None = None,
     ) -> hk.GpuTensor:
         if l2_eps is not None:
-            # ggml_l2_norm's formula: the CPU's rms_norm(eps / dk) / sqrt(dk) differs in the last bits
+            # as the CPU and current llama.cpp's graph: rms_norm(x, eps / dk) * (1 / sqrt(dk)), with
+            # both constants rounded in f32 as the CPU computes them (ggml_l2_norm's own formula
+            # differs in the last bits)
             dk = q.shape[-1] // n_k_heads
-            q, k = self.l2_norm(q, dk, l2_eps), self.l2_norm(k, dk, l2_eps)
+            eps_dk = float(np.float32(l2_eps) / np.float32(dk))
+            inv_sqrt = float(np.float32(1) / np.sqrt(np.float32(dk)))
+            q, k = (self.rms_norm_groups(t, dk, eps_dk) for t in (q, k))
+            for t in (q, k):
+                self.device.scale(t, inv_sqrt)
         return native.gpu_delta_rule(self.device, q, k, v, g, beta, state, new_state, n_k_heads, n_v_heads, grouped)
 
     def mamba2_scan(
