@@ -6,7 +6,8 @@ use half::f16;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Rows whose sums of squares `rms_norm` runs together.
+/// Rows whose sums of squares `rms_norm` runs together on the scalar path (and for the rows the
+/// AVX2 path's groups of 8 leave over).
 const NORM_ROWS: usize = 4;
 
 /// ggml's sum of squares of each of `G` equal-length rows: squared in f32, summed in f64 one

@@ -1,5 +1,7 @@
 //! Attention of query rows over a per-sequence f16 KV cache, causal with an optional sliding
-//! window. One (row, head) is one pass over its keys, so results never depend on the batch.
+//! window. Each (row, head) result sums its keys in one fixed order (a prompt's rows may share
+//! chunks of keys in blocks; a row's adds continue in key order across them), so results never
+//! depend on the batch.
 //!
 //! The arithmetic follows llama.cpp's CPU path for prompt batches (flash attention off, F16 KV
 //! cache, tinyBLAS F16 products), so logits agree with it bit for bit where the rest agrees:
