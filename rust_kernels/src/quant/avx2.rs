@@ -1,9 +1,10 @@
 //! AVX2 + FMA + F16C dot products for every weight type: the float formats here, the integer
-//! quants in `int_dots` (also compiled for AVX-512 VNNI). Each output's operation order depends
-//! only on the row length, never on the batch.
+//! quants in `int_dots` and `kquant_dots` (also compiled for AVX-512 VNNI). Each output's
+//! operation order depends only on the row length, never on the batch.
 
 use super::act::RowSlices;
 use super::int_dots as int;
+use super::kquant_dots as kq;
 use super::{GgmlType, RowRun};
 use std::arch::x86_64::*;
 
@@ -78,9 +79,9 @@ unsafe fn act_rows<const R: usize, const VNNI: bool>(
         (GgmlType::Q5_0, RowSlices::Q8_0(ys, u)) => int::dot_q5_0::<R, VNNI>(w, *ys, *u),
         (GgmlType::Q4_1, RowSlices::Q8_1(ys)) => int::dot_q4_1::<R, VNNI>(w, *ys),
         (GgmlType::Q5_1, RowSlices::Q8_1(ys)) => int::dot_q5_1::<R, VNNI>(w, *ys),
-        (GgmlType::Q4K, RowSlices::Q8K(ys)) => int::dot_q4k_rows::<R, VNNI>(w, *ys),
-        (GgmlType::Q5K, RowSlices::Q8K(ys)) => int::dot_q5k_rows::<R, VNNI>(w, *ys),
-        (GgmlType::Q6K, RowSlices::Q8K(ys)) => int::dot_q6k_rows::<R, VNNI>(w, *ys),
+        (GgmlType::Q4K, RowSlices::Q8K(ys)) => kq::dot_q4k_rows::<R, VNNI>(w, *ys),
+        (GgmlType::Q5K, RowSlices::Q8K(ys)) => kq::dot_q5k_rows::<R, VNNI>(w, *ys),
+        (GgmlType::Q6K, RowSlices::Q8K(ys)) => kq::dot_q6k_rows::<R, VNNI>(w, *ys),
         _ => panic!("activation format does not match weight type {t:?}"),
     }
 }

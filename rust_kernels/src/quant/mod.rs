@@ -14,6 +14,10 @@ pub mod blocks;
 pub mod float;
 #[cfg(target_arch = "x86_64")]
 mod int_dots;
+#[cfg(target_arch = "x86_64")]
+mod kquant_dots;
+#[cfg(target_arch = "x86_64")]
+mod kquant_wide;
 pub mod kquants;
 pub mod legacy;
 
