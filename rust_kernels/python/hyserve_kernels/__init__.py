@@ -15,7 +15,6 @@ from hyserve_kernels._native import (
     TokenIndex,
     attention,
     attention_spans,
-    store_f16,
     conv1d_causal,
     gated_delta_rule,
     geglu,
@@ -36,6 +35,7 @@ from hyserve_kernels._native import (
     silu,
     simd_path,
     softplus,
+    store_f16,
     swiglu,
 )
 
@@ -54,7 +54,6 @@ __all__ = [
     "TokenIndex",
     "attention",
     "attention_spans",
-    "store_f16",
     "conv1d_causal",
     "gated_delta_rule",
     "geglu",
@@ -75,5 +74,6 @@ __all__ = [
     "silu",
     "simd_path",
     "softplus",
+    "store_f16",
     "swiglu",
 ]
