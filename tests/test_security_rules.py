@@ -20,6 +20,14 @@ def test_a_token_file_admits_exactly_its_tokens() -> None:
         assert store.authenticate(wrong) is None
 
 
+def test_a_new_token_never_reads_as_a_command_line_option() -> None:
+    """`hyserve generate --token TOKEN` must take every token hyserve makes (a random URL-safe
+    base64 token starts with "-" one time in 64)."""
+    tokens = [new_token_line("alice")[0] for _ in range(1000)]
+    assert not [t for t in tokens if t.startswith("-")]
+    assert len(set(tokens)) == len(tokens) and min(len(t) for t in tokens) >= 43  # >= 256 random bits
+
+
 @pytest.mark.parametrize(
     "line",
     [

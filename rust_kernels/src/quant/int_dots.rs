@@ -1,9 +1,9 @@
 //! The integer-quant dot products on x86-64 (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 here, Q4_K, Q5_K, Q6_K in
-//! `kquant_dots`, against their quantized activations), each written once with a `VNNI` switch and compiled
-//! twice: for AVX2 (maddubs + madd, as llama.cpp's x86 kernels) and, where the CPU has AVX-512
-//! VNNI, on the same 256-bit registers with `vpdpbusd` / `vpdpwssd` fusing a widening multiply
-//! with its sum. The integer lane sums are exact in both forms (no format reaches maddubs' i16
-//! saturation), and the float operations are the same, so both give the same bits: each block
+//! `kquant_dots`, against their quantized activations), each written once with a `VNNI` switch and
+//! compiled twice: for AVX2 (maddubs + madd, as llama.cpp's x86 kernels) and, where the CPU has
+//! AVX-512 VNNI, on the same 256-bit registers with `vpdpbusd` / `vpdpwssd` fusing a widening
+//! multiply with its sum. The integer lane sums are exact in both forms (no format reaches maddubs'
+//! i16 saturation), and the float operations are the same, so both give the same bits: each block
 //! adds one FMA into an 8-lane float accumulator in block order, reduced once at the end, an order
 //! that depends only on the row length, never on the batch.
 

@@ -1,9 +1,9 @@
-//! The multi-row K-quant kernels' AVX-512 VNNI parts (`int_dots` calls them for two activation
+//! The multi-row K-quant kernels' AVX-512 VNNI parts (`kquant_dots` calls them for two activation
 //! rows or more): `vpdpwssd` written as an instruction, and a block's integer sums on 512-bit
 //! registers.
 //!
 //! `vpdpwssd` through `asm!`: LLVM's generic tuning rewrites the intrinsic into `vpmaddwd` +
-//! `vpaddd` (the two-chain accumulators of `fused_sums` then cost three instructions a step
+//! `vpaddd` (each step of `fused_sums`' two accumulator chains then costs two instructions
 //! instead of one). Written as the instruction, `decode_matmul` (one thread, Q4_K 1024 x 2048,
 //! weights in L2) went from 0.146-0.150 to 0.130 ms for 4 rows and Q6_K 512 x 3584 from 0.131-0.135
 //! to 0.118-0.122 ms, on the Intel Xeon of 2026-11-27.
@@ -11,8 +11,9 @@
 //! 512-bit sums: one zmm holds two 32-quant groups whose activations are 64 contiguous bytes of
 //! the row (Q4_K/Q5_K: a chunk's low and high nibbles; Q6_K: two of a half-block's quads), so a
 //! row pays one `vpmaddubsw` and one `vpdpwssd` per two groups instead of two each. Same machine,
-//! same benchmark: Q6_K 4 rows 0.118-0.122 -> 0.110 ms, 8 rows 0.222-0.226 -> 0.192 ms; Q4_K 8 rows
-//! 0.249-0.254 -> 0.234 ms but 4 rows 0.130 -> 0.136 ms, hence `q45k_on_zmm` from 8 rows only.
+//! same benchmark: Q6_K 4 rows 0.118-0.122 -> 0.110 ms, 8 rows 0.222-0.226 -> 0.187-0.192 ms;
+//! Q4_K 8 rows 0.249-0.254 -> 0.234-0.236 ms but 4 rows 0.130 -> 0.136 ms, hence `q45k_on_zmm`
+//! from 8 rows only.
 //! (On the AMD Zen 4 of earlier sessions 512-bit operations ran at half rate; zmm gained nothing.)
 //!
 //! Bits: i32 lane `l` of a zmm's low half sums the same products as lane `l` of the 256-bit
@@ -23,7 +24,7 @@
 use super::blocks::BlockQ8K;
 use std::arch::x86_64::*;
 
-/// Whether `q6k_sums` runs for R activation rows (else the 256-bit sums of `int_dots`).
+/// Whether `q6k_sums` runs for R activation rows (else the 256-bit sums of `kquant_dots`).
 pub(super) const fn q6k_on_zmm<const VNNI: bool, const R: usize>() -> bool {
     VNNI && R > 1
 }

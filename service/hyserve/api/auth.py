@@ -57,7 +57,10 @@ def new_token_line(name: str, admin: bool = False) -> tuple[str, str]:
     """A fresh random token and the token-file line that admits it."""
     if not _NAME.fullmatch(name):
         raise ValueError(f"principal name {name!r}: use 1-128 of A-Z a-z 0-9 _ . @ : -")
-    token = secrets.token_urlsafe(32)
+    # A prefix: one bare URL-safe base64 token in 64 starts with "-", which a command line then
+    # reads as an option (`hyserve generate --token -x...` failed). Not hex: 64 hex digits would
+    # pass for a hash, and a token pasted into the token file by mistake would go unnoticed.
+    token = "hys_" + secrets.token_urlsafe(32)
     return token, f"{name} {hash_token(token)}" + (" admin" if admin else "")
 
 
