@@ -9,9 +9,9 @@ use super::int_dots::{compiled_twice, load, read_u32};
 use super::kquant_wide as wide;
 use std::arch::x86_64::*;
 
-/// Whether a 256-bit K-quant kernel sums each i16 product pair into its running i32 sum with one
-/// `vpdpwssd` (VNNI, two rows or more; `kquant_wide::dpwssd`) or with madd + add (AVX2, and one
-/// row). The fused form waits for its accumulator (several cycles a step, an add one), so it keeps
+/// Whether the 256-bit Q4_K/Q5_K sums add each i16 product pair into their running i32 sum with
+/// one `vpdpwssd` (VNNI, two rows or more; `kquant_wide::dpwssd`; from 8 rows `kquant_wide` takes
+/// the whole block) or with madd + add (AVX2, and one row). The fused form waits for its accumulator (several cycles a step, an add one), so it keeps
 /// two chains per row and pays only where several rows' chains interleave; AVX2's adds take one
 /// cycle and one chain keeps the accumulators within 16 registers.
 const fn fused_sums<const VNNI: bool, const R: usize>() -> bool {
@@ -227,9 +227,10 @@ unsafe fn q45k_rows<const HIGH: bool, const R: usize, const VNNI: bool>(
 }
 
 /// The integer sums of one Q6_K block at `bp` against block `i` of each row of `ys` on 256-bit
-/// registers, from `start` (the -32 offset through the block sums).
+/// registers (madd + add: AVX2, and one row; several rows on VNNI take `kquant_wide::q6k_sums`),
+/// from `start` (the -32 offset through the block sums).
 #[inline(always)]
-unsafe fn q6k_sums<const R: usize, const VNNI: bool>(
+unsafe fn q6k_sums<const R: usize>(
     bp: *const u8,
     ys: [&[BlockQ8K]; R],
     i: usize,
@@ -239,8 +240,6 @@ unsafe fn q6k_sums<const R: usize, const VNNI: bool>(
     let m3 = _mm256_set1_epi8(0x03);
     let sc8 = _mm_loadu_si128(bp.add(192) as *const __m128i);
     let mut sumi = start;
-    // Fused: the second half-block's sums apart (`fused_sums`).
-    let mut sumi_hi = [_mm256_setzero_si256(); R];
     for n in 0..2 {
         let a = load(bp.add(64 * n));
         let c = load(bp.add(64 * n + 32));
@@ -259,17 +258,11 @@ unsafe fn q6k_sums<const R: usize, const VNNI: bool>(
             for r in 0..R {
                 let y = (ys[r].get_unchecked(i).qs.as_ptr() as *const u8).add(128 * n + 32 * j);
                 let p = _mm256_maddubs_epi16(*q, load(y));
-                if !fused_sums::<VNNI, R>() {
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sv));
-                } else if n == 0 {
-                    sumi[r] = wide::dpwssd(sumi[r], p, sv);
-                } else {
-                    sumi_hi[r] = wide::dpwssd(sumi_hi[r], p, sv);
-                }
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sv));
             }
         }
     }
-    fused_total::<VNNI, R>(sumi, sumi_hi)
+    sumi
 }
 
 /// Q6_K, one weight row against R activation rows (R = 1 for one row alone): llama.cpp's one-row
@@ -296,7 +289,7 @@ unsafe fn q6k_rows<const R: usize, const VNNI: bool>(w: &[u8], ys: [&[BlockQ8K];
         let sums = if wide::q6k_on_zmm::<VNNI, R>() {
             wide::q6k_sums::<R>(bp, ys, i, start)
         } else {
-            q6k_sums::<R, VNNI>(bp, ys, i, start)
+            q6k_sums::<R>(bp, ys, i, start)
         };
         let dw = opaque(_mm256_set1_ps(f16_at(w, i * 210 + 208)));
         for r in 0..R {
