@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -96,6 +98,21 @@ class SoakServer:
             if m:
                 out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
         return out
+
+    def metrics_while_stopping(self) -> dict[str, float] | None:
+        """metrics() after the SIGTERM: None once the endpoint is gone (the connection refused or reset,
+        or a response cut short by the exit). An HTTP error status or a timeout still raises: those are
+        failures, not the end of the process."""
+        try:
+            return self.metrics()
+        except urllib.error.HTTPError:
+            raise
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ConnectionError):
+                return None
+            raise
+        except (ConnectionError, http.client.IncompleteRead):  # RemoteDisconnected is a ConnectionError
+            return None
 
     def wait_idle(self, parallel: int, timeout_s: float = 60) -> tuple[int, int]:
         """Poll CacheStats until every slot is idle and nothing is queued; returns (idle slots, queued)

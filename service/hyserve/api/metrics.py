@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hyserve.api.metrics_http import MetricsEndpoint, WsgiApp, start_metrics_endpoint
 from hyserve.engine.engine import EngineStats, SlotState
 
 if TYPE_CHECKING:
@@ -143,14 +144,14 @@ def serve_metrics(
     port: int,
     identity: ReplicaIdentity | None = None,
     security: Security | None = None,
-) -> int:
-    """Start the HTTP endpoint on a daemon thread; returns the bound port (port 0: any free one).
-    With `security` using TLS or tokens, the endpoint asks for the same (see `http_auth`)."""
+) -> MetricsEndpoint:
+    """Start the HTTP endpoint on a daemon thread (port 0: any free one); the server closes it last
+    in its drain. With `security` using TLS or tokens, the endpoint asks for the same (`http_auth`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(stats, n_ctx, identity))
-    if security is not None and (security.tls is not None or security.store is not None):
-        from hyserve.api.http_auth import serve_wsgi
+    app: WsgiApp = make_wsgi_app(registry)
+    if security is not None and security.store is not None:
+        from hyserve.api.http_auth import wsgi_auth
 
-        return serve_wsgi(registry, host, port, security.store, security.ssl_context())
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return int(server.server_address[1])
+        app = wsgi_auth(app, security.store)
+    return start_metrics_endpoint(app, host, port, security.ssl_context() if security is not None else None)

@@ -11,7 +11,8 @@ Health (grpc.health.v1), two names for two probes:
 
 Shutdown on SIGTERM/SIGINT: readiness turns NOT_SERVING, new Generate calls get UNAVAILABLE, queued
 and running tasks may finish for `--drain-seconds` (Cancel, CacheStats and health keep working
-meanwhile), what is left is cancelled, every status turns NOT_SERVING, then the server stops.
+meanwhile), what is left is cancelled, every status turns NOT_SERVING, then the server stops; the
+metrics endpoint closes last, letting the scrapes it has accepted finish.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from hyserve.api.limits import (
     default_max_queued_prompt_tokens,
     receive_limit_bytes,
 )
+from hyserve.api.metrics_http import MetricsEndpoint
 from hyserve.api.raw_codec import add_hyserve_service
 from hyserve.api.security import Security, SecurityConfig, add_security_arguments
 from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime, model_info
@@ -65,6 +67,8 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 ]
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 LIVENESS_SERVICE = ""  # grpc.health.v1's name for the whole server
+# how long a scrape accepted at the drain's end may still take (a /metrics response takes milliseconds)
+METRICS_CLOSE_MIN_S = 2.0
 
 T = TypeVar("T")
 
@@ -333,6 +337,7 @@ async def serve(config: ServeConfig, security: Security | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    metrics: MetricsEndpoint | None = None
     loading = asyncio.ensure_future(_in_thread(lambda: load_runtime(config)))
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -356,10 +361,10 @@ async def serve(config: ServeConfig, security: Security | None = None) -> int:
             from hyserve.api.metrics import ReplicaIdentity, serve_metrics
 
             identity = ReplicaIdentity.of(config.replica_id, model_info(runtime).model_name, config.parallel)
-            metrics_port = serve_metrics(
+            metrics = serve_metrics(
                 runtime.engine.stats, config.ctx_size, config.host, config.metrics_port, identity, security
             )
-            log.info("metrics_listening", host=config.host, port=metrics_port, replica=identity.replica)
+            log.info("metrics_listening", host=config.host, port=metrics.port, replica=identity.replica)
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("server_ready", port=port, slots=config.parallel, n_ctx=config.ctx_size)
         await stopping
@@ -367,6 +372,7 @@ async def serve(config: ServeConfig, security: Security | None = None) -> int:
         loading.cancel()
 
     log.info("server_draining", seconds=config.drain_seconds)
+    drain_deadline = time.monotonic() + config.drain_seconds
     # readiness only: liveness ("") stays SERVING while tasks drain, so a probe does not kill the pod
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
     if http is not None:
@@ -374,13 +380,17 @@ async def serve(config: ServeConfig, security: Security | None = None) -> int:
     if runtime is not None:
         engine = runtime.engine
         engine.close()  # new Generate calls: UNAVAILABLE; Cancel, CacheStats and health keep working
-        deadline = time.monotonic() + config.drain_seconds
-        while not engine.idle() and time.monotonic() < deadline:
+        while not engine.idle() and time.monotonic() < drain_deadline:
             await asyncio.sleep(0.05)
         await _in_thread(engine.shutdown)  # cancels whatever is left; their streams get Finished
     await health.enter_graceful_shutdown()
     await server.stop(grace=2.0)  # let the last events reach their clients
     if http is not None:
         await http.stop()
+    if metrics is not None:  # last, so scrapes see the whole drain; a scrape it has accepted still ends whole
+        log.info("metrics_closing", in_flight=metrics.in_flight)
+        grace = max(drain_deadline - time.monotonic(), METRICS_CLOSE_MIN_S)
+        if unanswered := await _in_thread(lambda: metrics.close(grace)):
+            log.warning("metrics_requests_cut", unanswered=unanswered, waited_s=round(grace, 1))
     log.info("server_stopped")
     return 0
