@@ -154,7 +154,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 def test_go_client_live(live: Live) -> None:
     need("go")
     output = run(["go", "test", "-count=1", "-v", "./..."], GO_DIR, env=live.env)
-    for name in ("TestStreamedGenerationEqualsPythonClient", "TestCancelRunningTask", "TestCancelUnknownIsNotFound"):
+    for name in (
+        "TestStreamedGenerationEqualsPythonClient",
+        "TestCancelRunningTask",
+        "TestCancelBeforeGenerateIsPending",
+        "TestCancelMalformedIdIsNotFound",
+    ):
         assert f"--- PASS: {name}" in output, output[-4000:]
     assert "--- SKIP" not in output, output[-4000:]
     assert live.cancelled_by_client("go-abort-task"), "the aborted Go stream's task was not cancelled"
@@ -173,7 +178,7 @@ def test_typescript_client_live(live: Live) -> None:
     if not (TS_DIR / "node_modules").exists():
         pytest.skip("clients/typescript/node_modules missing (npm ci)")
     output = run(["npm", "test", "--silent"], TS_DIR, env=live.env)
-    assert "# fail 0" in output and "# skipped 0" in output and "# pass 6" in output, output[-4000:]
+    assert "# fail 0" in output and "# skipped 0" in output and "# pass 7" in output, output[-4000:]
     assert live.cancelled_by_client("ts-abort-task"), "the aborted TypeScript stream's task was not cancelled"
     assert live.saw_session("ts-live-test")
     # the README's example (compiled by `npm test`)

@@ -69,11 +69,15 @@ def test_every_recipe_runs(target: str) -> None:
     assert "ALREADY_FINISHED" in cancelled
 
 
-def test_unknown_task_cancel_is_not_found(target: str) -> None:
-    done = run(
-        f'grpcurl -plaintext -d \'{{"task_id": "no-such-task"}}\' {target} hyserve.v1.HyserveService/Cancel', target
-    )
-    assert done.returncode != 0 and "NotFound" in done.stderr
+def test_unknown_task_cancel_is_pending_and_a_malformed_id_not_found(target: str) -> None:
+    def cancel(task_id: str) -> subprocess.CompletedProcess[str]:
+        request = json.dumps({"task_id": task_id})
+        return run(f"grpcurl -plaintext -d '{request}' {target} hyserve.v1.HyserveService/Cancel", target)
+
+    pending = cancel("no-such-task")
+    assert pending.returncode == 0 and "CANCEL_STATUS_PENDING" in pending.stdout, pending.stderr
+    malformed = cancel("no such task")
+    assert malformed.returncode != 0 and "NotFound" in malformed.stderr
 
 
 def hyserve_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -89,5 +93,7 @@ def test_hyserve_cli_subcommands_talk_to_the_server(target: str) -> None:
     assert info["architecture"] == "gemma3"
     stats = json.loads(hyserve_cli("stats", "--target", target).stdout)
     assert "slots" in stats
-    missing = hyserve_cli("cancel", "no-such-task", "--target", target)
+    pending = hyserve_cli("cancel", "no-such-task-cli", "--target", target)
+    assert pending.returncode == 0 and pending.stdout.strip() == "pending", pending.stderr
+    missing = hyserve_cli("cancel", "no such task", "--target", target)
     assert missing.returncode != 0 and "NOT_FOUND" in missing.stderr.upper().replace(" ", "_")

@@ -206,6 +206,7 @@ def test_enums() -> None:
         "CANCEL_STATUS_UNSPECIFIED",
         "CANCEL_STATUS_CANCELLED",
         "CANCEL_STATUS_ALREADY_FINISHED",
+        "CANCEL_STATUS_PENDING",
     ]
     assert _enum_values("MemoryKind")[1:] == [
         "MEMORY_KIND_ATTENTION_ONLY",
@@ -539,6 +540,8 @@ class StubServicer(pb_grpc.HyserveServiceServicer):
             return pb.CancelResponse(status=pb.CANCEL_STATUS_ALREADY_FINISHED)
         if request.task_id == "live":
             return pb.CancelResponse(status=pb.CANCEL_STATUS_CANCELLED)
+        if request.task_id == "later":
+            return pb.CancelResponse(status=pb.CANCEL_STATUS_PENDING)
         context.abort(grpc.StatusCode.NOT_FOUND, f"unknown task {request.task_id!r}")
 
     def CacheStats(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -597,6 +600,7 @@ def test_sync_client(stub_server: tuple[str, StubServicer]) -> None:
 
         assert client.cancel("done") is CancelStatus.ALREADY_FINISHED
         assert client.cancel("live") is CancelStatus.CANCELLED
+        assert client.cancel("later") is CancelStatus.PENDING
         with pytest.raises(HyserveError) as info:
             client.cancel("nope")
         assert info.value.code is grpc.StatusCode.NOT_FOUND and "nope" in info.value.details
@@ -663,6 +667,7 @@ def test_async_client(stub_server: tuple[str, StubServicer]) -> None:
             text, finished = await client.generate_text(messages=[Message("user", "Hi")])
             assert text == "Hello" and finished.reason is FinishReason.MAX_TOKENS
             assert await client.cancel("done") is CancelStatus.ALREADY_FINISHED
+            assert await client.cancel("later") is CancelStatus.PENDING
             with pytest.raises(HyserveError) as info:
                 await client.cancel("nope")
             assert info.value.code is grpc.StatusCode.NOT_FOUND
@@ -701,6 +706,8 @@ def test_cli_against_stub(stub_server: tuple[str, StubServicer]) -> None:
 
     rc, out, _ = _cli(["cancel", "done", "--target", target])
     assert rc == 0 and out.strip() == "already_finished"
+    rc, out, err = _cli(["cancel", "later", "--target", target])
+    assert rc == 0 and out.strip() == "pending" and "if it registers within 10 s" in err
     rc, _, err = _cli(["cancel", "nope", "--target", target])
     assert rc == 1 and "NOT_FOUND" in err
     rc, out, _ = _cli(["stats", "--target", target])

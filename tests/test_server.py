@@ -409,9 +409,10 @@ def test_d_a_client_that_cancels_its_call_cancels_its_task(client: HyserveClient
     assert client.cancel("gone-1") is CancelStatus.ALREADY_FINISHED
 
 
-def test_e_cancel_unknown_is_not_found_and_cancel_is_idempotent(server: Server, client: HyserveClient) -> None:
+def test_e_cancel_unknown_is_pending_and_cancel_is_idempotent(server: Server, client: HyserveClient) -> None:
+    assert client.cancel("never-seen") is CancelStatus.PENDING  # remembered, in case its Generate comes
     with pytest.raises(HyserveError) as info:
-        client.cancel("never-seen")
+        client.cancel("never seen")  # a space: no task can have this id
     assert info.value.code is grpc.StatusCode.NOT_FOUND
     stream, events = start_active(client, PROMPT_LONG, "idem-1", 400)
     assert client.cancel("idem-1") is CancelStatus.CANCELLED
@@ -524,6 +525,9 @@ def test_unknown_fields_from_a_newer_client_are_ignored(server: Server) -> None:
 def test_zz_sigterm_drains_in_flight_tasks_then_exits(server: Server, client: HyserveClient) -> None:
     running = Background(client, PROMPT_B, task_id="drain-1", max_tokens=N_B)
     assert running.accepted.wait(30)
+    # queued behind drain-1 and far longer: the drain lasts until this test cancels it
+    held = Background(client, PROMPT_A, task_id="drain-held", max_tokens=CTX - 16, ignore_eos=True)
+    wait_logged(server, "task_queued", "drain-held")
     server.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 10
     while _health(server.target, SERVICE) != health_pb2.HealthCheckResponse.NOT_SERVING:
@@ -533,6 +537,12 @@ def test_zz_sigterm_drains_in_flight_tasks_then_exits(server: Server, client: Hy
     with pytest.raises(HyserveError) as info:
         client.generate_text(PROMPT_A, max_tokens=2)
     assert info.value.code is grpc.StatusCode.UNAVAILABLE
+    # nothing can register any more, so a Cancel cannot be pending: an unknown id is NOT_FOUND
+    with pytest.raises(HyserveError) as info:
+        client.cancel("drain-unknown")
+    assert info.value.code is grpc.StatusCode.NOT_FOUND
+    assert client.cancel("drain-held") is CancelStatus.CANCELLED  # Cancel keeps working while draining
+    assert held.join().finished.reason is FinishReason.CANCELLED
     running.join()
     assert running.finished.reason is FinishReason.MAX_TOKENS  # the in-flight task was not cut short
     assert tokens_of(running.events) == server.refs["B"].tokens

@@ -36,12 +36,17 @@ def problems(out: Outcome, shutdown_phase: bool) -> list[str]:
     if out.finish_reason == "cancelled" and r.fault not in _CANCEL_FAULTS and not shutdown_phase:
         found.append("finished CANCELLED without a Cancel")
     if r.fault in _CANCEL_FAULTS and out.cancel_answers and not shutdown_phase:
-        last = out.cancel_answers[-1]
-        if last not in (CancelStatus.CANCELLED, CancelStatus.ALREADY_FINISHED):
-            found.append(f"Cancel answered {last}")
-        # (after a NOT_FOUND, the server may have remembered the early Cancel and applied it itself)
-        if out.cancel_answers == [CancelStatus.ALREADY_FINISHED] and out.finish_reason == "cancelled":
+        answer = out.cancel_answers[-1]
+        if answer not in (CancelStatus.CANCELLED, CancelStatus.ALREADY_FINISHED, CancelStatus.PENDING):
+            found.append(f"Cancel answered {answer}")
+        # the answer tells the truth about what happened to the task
+        if answer is CancelStatus.ALREADY_FINISHED and out.finish_reason == "cancelled":
             found.append("Cancel said ALREADY_FINISHED but the task ended CANCELLED")
+        if answer in (CancelStatus.CANCELLED, CancelStatus.PENDING) and out.finished:
+            if out.finish_reason != "cancelled":
+                found.append(f"Cancel said {answer.name} but the task ended {out.finish_reason}")
+        if answer is CancelStatus.PENDING and out.tokens:
+            found.append(f"Cancel said PENDING but the task generated {len(out.tokens)} tokens")
     if out.finished and not out.finish_reason == "cancelled" and len(out.tokens) != r.max_tokens:
         found.append(f"completed with {len(out.tokens)} tokens, max_tokens {r.max_tokens} (ignore_eos)")
     return found

@@ -35,7 +35,7 @@ class Fault(Enum):
     NONE = "none"
     DISCONNECT = "disconnect"  # the client cancels its call after k events
     DEADLINE = "deadline"  # a short deadline on the call
-    CANCEL_EARLY = "cancel_early"  # Cancel RPC right after the call starts (queued, or not registered yet)
+    CANCEL_EARLY = "cancel_early"  # Cancel RPC right after the call starts (queued, or not registered: PENDING)
     CANCEL_LATER = "cancel_later"  # Cancel RPC after k deltas (a running task)
 
 
@@ -165,17 +165,9 @@ class Worker(threading.Thread):
     def still_live(self) -> list[str]:
         """After the server went idle: the ids of this worker's tasks that a Cancel still finds
         live (lost tasks: registered, never ended). Sent on the worker's own channel (its peer)."""
-        live = []
-        for out in self.outcomes:
-            try:
-                answer = self.client.cancel(out.task_id, timeout=10)
-            except HyserveError as exc:
-                if exc.code is not grpc.StatusCode.NOT_FOUND:
-                    raise
-                continue
-            if answer is CancelStatus.CANCELLED:
-                live.append(out.task_id)
-        return live
+        # PENDING: the id never registered (its Generate was refused); ALREADY_FINISHED: it ended
+        answers = {out.task_id: self.client.cancel(out.task_id, timeout=10) for out in self.outcomes}
+        return [task_id for task_id, answer in answers.items() if answer is CancelStatus.CANCELLED]
 
     def one(self, client: HyserveClient, req: Request) -> Outcome:
         self._n += 1
@@ -216,13 +208,10 @@ class Worker(threading.Thread):
         return out
 
     def _cancel(self, client: HyserveClient, out: Outcome) -> None:
-        """Cancel by id; a NOT_FOUND right after the call started may mean "not registered yet": retry."""
-        for _ in range(50):
-            try:
-                answer: CancelStatus | str = client.cancel(out.task_id, timeout=10)
-            except HyserveError as exc:
-                answer = exc.code.name
-            out.cancel_answers.append(answer)
-            if answer != grpc.StatusCode.NOT_FOUND.name:
-                return
-            time.sleep(0.01)
+        """Cancel by id, once: right after the call started the answer may be PENDING (the Generate
+        has not registered yet; the server applies the cancel when it does)."""
+        try:
+            answer: CancelStatus | str = client.cancel(out.task_id, timeout=10)
+        except HyserveError as exc:  # NOT_FOUND while the server drains
+            answer = exc.code.name
+        out.cancel_answers.append(answer)

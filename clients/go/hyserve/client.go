@@ -151,7 +151,9 @@ func (c *Client) GenerateText(ctx context.Context, req *hyservev1.GenerateReques
 	return string(text), nil, &Error{Code: codes.Internal, Message: "the stream ended without a Finished event"}
 }
 
-// Cancel stops a queued or running task by id. *Error with codes.NotFound for an unknown id.
+// Cancel stops a queued or running task by id. CANCEL_STATUS_PENDING: no task has this id yet; the
+// server cancels it if one registers within 10 s. *Error with codes.NotFound for an id no task can
+// have (malformed, or unknown while the server drains).
 func (c *Client) Cancel(ctx context.Context, taskID string) (hyservev1.CancelStatus, error) {
 	resp, err := c.stub.Cancel(ctx, &hyservev1.CancelRequest{TaskId: taskID})
 	if err != nil {

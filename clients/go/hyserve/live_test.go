@@ -163,9 +163,32 @@ func TestCancelRunningTask(t *testing.T) {
 	}
 }
 
-func TestCancelUnknownIsNotFound(t *testing.T) {
+// A Cancel sent before its Generate answers PENDING, and the task ends CANCELLED once it registers.
+func TestCancelBeforeGenerateIsPending(t *testing.T) {
 	c, _ := live(t)
-	_, err := c.Cancel(testCtx(t), "go-no-such-task")
+	ctx := testCtx(t)
+	taskID := "go-early-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	st, err := c.Cancel(ctx, taskID)
+	if err != nil || st != hyservev1.CancelStatus_CANCEL_STATUS_PENDING {
+		t.Fatalf("cancel before generate: %v %v, want CANCEL_STATUS_PENDING", st, err)
+	}
+	_, _, ids, fin, err := collect(ctx, c, longRequest(taskID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fin == nil || fin.Reason != hyservev1.FinishReason_FINISH_REASON_CANCELLED || len(ids) != 0 {
+		t.Fatalf("finished %v after %d tokens, want FINISH_REASON_CANCELLED before any", fin, len(ids))
+	}
+	st, err = c.Cancel(ctx, taskID)
+	if err != nil || st != hyservev1.CancelStatus_CANCEL_STATUS_ALREADY_FINISHED {
+		t.Fatalf("second cancel: %v %v", st, err)
+	}
+}
+
+// An id no Generate could use (a space is not allowed in a task id) is NOT_FOUND.
+func TestCancelMalformedIdIsNotFound(t *testing.T) {
+	c, _ := live(t)
+	_, err := c.Cancel(testCtx(t), "go no such task")
 	if hyserve.Code(err) != codes.NotFound {
 		t.Fatalf("got %v, want NOT_FOUND", err)
 	}

@@ -27,7 +27,7 @@ from typing import Any, cast
 from hyserve_client.client import HyserveClient, HyserveError
 from hyserve_client.requests import GenerateParams, Message
 from hyserve_client.security import tls_credentials
-from hyserve_client.types import Accepted, Delta, Finished
+from hyserve_client.types import Accepted, CancelStatus, Delta, Finished
 
 __all__ = ["DEFAULT_TARGET", "add_subcommands", "build_parser", "main"]
 
@@ -200,6 +200,8 @@ def _run_cancel(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     print(status)
+    if status is CancelStatus.PENDING:
+        print("no task with this id yet: the server cancels it if it registers within 10 s", file=sys.stderr)
     return 0
 
 

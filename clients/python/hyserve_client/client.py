@@ -341,7 +341,9 @@ class HyserveClient(_ClientBase):
         return "".join(parts), stream.finished
 
     def cancel(self, task_id: str, *, timeout: Timeout = UNSET) -> CancelStatus:
-        """Cancel a task by id. HyserveError(NOT_FOUND) when the server does not know the id."""
+        """Cancel a task by id. PENDING when no task has this id yet (the server applies the cancel if one
+        registers within 10 s); HyserveError(NOT_FOUND) for an id no task can have (malformed, or
+        unknown while the server drains)."""
         try:
             response = self._stub.Cancel(pb.CancelRequest(task_id=task_id), **self._call_kwargs(timeout))
         except grpc.RpcError as exc:
@@ -443,7 +445,9 @@ class AsyncHyserveClient(_ClientBase):
         return "".join(parts), stream.finished
 
     async def cancel(self, task_id: str, *, timeout: Timeout = UNSET) -> CancelStatus:
-        """Cancel a task by id. HyserveError(NOT_FOUND) when the server does not know the id."""
+        """Cancel a task by id. PENDING when no task has this id yet (the server applies the cancel if one
+        registers within 10 s); HyserveError(NOT_FOUND) for an id no task can have (malformed, or
+        unknown while the server drains)."""
         try:
             response = await self._stub.Cancel(pb.CancelRequest(task_id=task_id), **self._call_kwargs(timeout))
         except grpc.RpcError as exc:

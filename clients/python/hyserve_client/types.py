@@ -68,6 +68,7 @@ class CancelStatus(StrEnum):
     UNSPECIFIED = "unspecified"
     CANCELLED = "cancelled"
     ALREADY_FINISHED = "already_finished"
+    PENDING = "pending"  # no such task yet: remembered, and applied if it registers within 10 s
 
 
 class SlotState(StrEnum):

@@ -130,7 +130,11 @@ export class HyserveClient {
     throw new HyserveError(Code.Internal, "the stream ended without a Finished event");
   }
 
-  /** Stops a queued or running task by id; HyserveError NOT_FOUND for an unknown id. */
+  /**
+   * Stops a queued or running task by id. CancelStatus.PENDING: no task has this id yet; the server
+   * cancels it if one registers within 10 s. HyserveError NOT_FOUND for an id no task can have
+   * (malformed, or unknown while the server drains).
+   */
   async cancel(taskId: string, options?: CallOptions): Promise<CancelStatus> {
     try {
       const response = await this.raw.cancel(create(CancelRequestSchema, { taskId }), callOptions(options));

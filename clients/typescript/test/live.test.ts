@@ -83,8 +83,19 @@ test("Cancel of a running task", { skip }, async () => {
   assert.equal(await client.cancel(taskId), CancelStatus.ALREADY_FINISHED);
 });
 
-test("Cancel of an unknown id is NOT_FOUND", { skip }, async () => {
-  await assert.rejects(new HyserveClient(target).cancel("ts-no-such-task"), (error: unknown) => {
+test("Cancel before its Generate is PENDING and the task ends CANCELLED", { skip }, async () => {
+  const client = new HyserveClient(target);
+  const taskId = `ts-early-${Date.now().toString(36)}`;
+  assert.equal(await client.cancel(taskId), CancelStatus.PENDING);
+  const { ids, finished } = await collect(client, longRequest(taskId));
+  assert.equal(finished.reason, FinishReason.CANCELLED);
+  assert.deepEqual(ids, []);
+  assert.equal(await client.cancel(taskId), CancelStatus.ALREADY_FINISHED);
+});
+
+test("Cancel of an id no task can have is NOT_FOUND", { skip }, async () => {
+  // a space is not allowed in a task id: no Generate could ever use this one
+  await assert.rejects(new HyserveClient(target).cancel("ts no such task"), (error: unknown) => {
     assert.ok(error instanceof HyserveError);
     assert.equal(error.code, Code.NotFound);
     assert.equal(error.codeName, "NOT_FOUND");

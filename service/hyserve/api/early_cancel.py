@@ -4,8 +4,10 @@ window, keyed by (owner, task id), and applied when a task with that key is subm
 not lost; a different owner's task with the same id is never touched.
 
 No entry outlives its window (expired ones are dropped on every call) and the number of entries
-is bounded (the oldest go first). Cancel still answers NOT_FOUND for an id nobody has submitted:
-the answer must not tell a caller which ids exist. Single-threaded: the asyncio loop calls it.
+is bounded (the oldest go first). Such a Cancel answers CANCEL_STATUS_PENDING, whether a Generate
+with that id ever comes or not (the server cannot know), and so does a Cancel of another owner's
+task: the answer must not tell a caller which ids exist. Only well-formed ids are kept (the
+servicer checks), so an entry's size is bounded too. Single-threaded: the asyncio loop calls it.
 """
 
 from __future__ import annotations

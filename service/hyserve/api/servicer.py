@@ -24,7 +24,7 @@ from hyserve.api.ownership import may_see
 from hyserve.api.prepare_pool import run_prepare
 from hyserve.api.security import Security
 from hyserve.api.tasks import SESSION_HEADER, TaskRun
-from hyserve.api.validation import RequestLimits, ValidationError, prepare_generate
+from hyserve.api.validation import RequestLimits, ValidationError, is_task_id, prepare_generate
 from hyserve.engine.cache_plan import CheckpointKind
 from hyserve.engine.cancel import CancelSource
 from hyserve.engine.engine import (
@@ -226,17 +226,21 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
         runtime = await self._ready(context)
-        if not request.task_id:
+        task_id = request.task_id
+        if not task_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id: must not be empty")
         caller = self.security.identity.of_grpc(context)
-        if may_see(self.security.owners.owner_of(request.task_id), caller):
-            outcome = runtime.engine.cancel(request.task_id, CancelSource.RPC)
-        else:  # another owner's task answers exactly as an unknown id: no oracle for which ids exist
-            outcome = CancelOutcome.NOT_FOUND
-        log.info("cancel", task_id=request.task_id, outcome=outcome.value, caller=caller.owner)
-        if outcome is CancelOutcome.NOT_FOUND:
-            self.early_cancels.remember(request.task_id, self._owner(context))  # for a Generate still on its way
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id!r} is known to this server")
+        outcome = CancelOutcome.NOT_FOUND  # another owner's task answers as an unknown id: no oracle
+        if may_see(self.security.owners.owner_of(task_id), caller):
+            outcome = runtime.engine.cancel(task_id, CancelSource.RPC)
+        if outcome is CancelOutcome.NOT_FOUND and is_task_id(task_id) and runtime.engine.accepting():
+            # its Generate may still be on its way: applied if it registers in time (early_cancel.py)
+            self.early_cancels.remember(task_id, caller.owner)
+            log.info("cancel", task_id=task_id, outcome="pending", caller=caller.owner)
+            return pb.CancelResponse(status=pb.CANCEL_STATUS_PENDING)
+        log.info("cancel", task_id=task_id, outcome=outcome.value, caller=caller.owner)
+        if outcome is CancelOutcome.NOT_FOUND:  # malformed, or nothing can register any more (draining)
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {task_id!r} is known to this server")
         status = pb.CANCEL_STATUS_CANCELLED if outcome is CancelOutcome.CANCELLED else pb.CANCEL_STATUS_ALREADY_FINISHED
         return pb.CancelResponse(status=status)
 

@@ -34,6 +34,7 @@ __all__ = [
     "PreparedRequest",
     "RequestLimits",
     "ValidationError",
+    "is_task_id",
     "prepare_generate",
     "prompt_tokens",
     "sampling_params",
@@ -82,6 +83,11 @@ class PreparedRequest:
     cache_prompt: bool
     message_boundaries: tuple[int, ...]
     checkpoint_offsets: tuple[int, ...]
+
+
+def is_task_id(text: str) -> bool:
+    """Whether a Generate could use `text` as its task_id (a Cancel for any other id finds nothing, ever)."""
+    return 0 < len(text) <= MAX_TASK_ID_LEN and _TASK_ID.fullmatch(text) is not None
 
 
 def validate_task_id(task_id: str) -> str:

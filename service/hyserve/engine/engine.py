@@ -160,6 +160,11 @@ class Engine:
         with self._shared.lock:
             self._shared.closed = True
 
+    def accepting(self) -> bool:
+        """Whether submit can still take a task (False once close has run)."""
+        with self._shared.lock:
+            return not self._shared.closed
+
     def idle(self) -> bool:
         with self._shared.lock:
             return not self._shared.live

@@ -31,6 +31,7 @@ class CancelStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CANCEL_STATUS_UNSPECIFIED: _ClassVar[CancelStatus]
     CANCEL_STATUS_CANCELLED: _ClassVar[CancelStatus]
     CANCEL_STATUS_ALREADY_FINISHED: _ClassVar[CancelStatus]
+    CANCEL_STATUS_PENDING: _ClassVar[CancelStatus]
 
 class SlotState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -69,6 +70,7 @@ FINISH_REASON_CANCELLED: FinishReason
 CANCEL_STATUS_UNSPECIFIED: CancelStatus
 CANCEL_STATUS_CANCELLED: CancelStatus
 CANCEL_STATUS_ALREADY_FINISHED: CancelStatus
+CANCEL_STATUS_PENDING: CancelStatus
 SLOT_STATE_UNSPECIFIED: SlotState
 SLOT_STATE_IDLE: SlotState
 SLOT_STATE_PROCESSING_PROMPT: SlotState

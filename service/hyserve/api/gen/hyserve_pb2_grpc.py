@@ -37,7 +37,8 @@ class HyserveServiceStub:
     - INVALID_ARGUMENT: a malformed request (bad sampling value, token id >= vocab size, empty input,
     bad task_id, prompt that cannot fit in the context, ...); the details say which field.
     - ALREADY_EXISTS: Generate with the task_id of a task that is still running or queued.
-    - NOT_FOUND: Cancel of a task_id the server has never seen (or forgot, see CancelRequest).
+    - NOT_FOUND: Cancel of a task_id that no task can have now or later: malformed (see
+    GenerateRequest.task_id), or unknown while the server drains (see CancelStatus).
     - RESOURCE_EXHAUSTED: the queue is full; retry later.
     - UNAVAILABLE: the model is loading or the server is shutting down; retry later.
     - UNIMPLEMENTED: a requested feature this server does not support.
@@ -86,7 +87,8 @@ class HyserveServiceServicer:
     - INVALID_ARGUMENT: a malformed request (bad sampling value, token id >= vocab size, empty input,
     bad task_id, prompt that cannot fit in the context, ...); the details say which field.
     - ALREADY_EXISTS: Generate with the task_id of a task that is still running or queued.
-    - NOT_FOUND: Cancel of a task_id the server has never seen (or forgot, see CancelRequest).
+    - NOT_FOUND: Cancel of a task_id that no task can have now or later: malformed (see
+    GenerateRequest.task_id), or unknown while the server drains (see CancelStatus).
     - RESOURCE_EXHAUSTED: the queue is full; retry later.
     - UNAVAILABLE: the model is loading or the server is shutting down; retry later.
     - UNIMPLEMENTED: a requested feature this server does not support.
@@ -108,7 +110,8 @@ class HyserveServiceServicer:
 
     def Cancel(self, request, context):
         """Cancel stops a queued or running task, wherever its Generate call came from. It is idempotent:
-        cancelling a task that has already ended answers CANCEL_STATUS_ALREADY_FINISHED.
+        cancelling a task that has already ended answers CANCEL_STATUS_ALREADY_FINISHED; one that is
+        not registered yet answers CANCEL_STATUS_PENDING and is cancelled when it registers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -171,7 +174,8 @@ class HyserveService:
     - INVALID_ARGUMENT: a malformed request (bad sampling value, token id >= vocab size, empty input,
     bad task_id, prompt that cannot fit in the context, ...); the details say which field.
     - ALREADY_EXISTS: Generate with the task_id of a task that is still running or queued.
-    - NOT_FOUND: Cancel of a task_id the server has never seen (or forgot, see CancelRequest).
+    - NOT_FOUND: Cancel of a task_id that no task can have now or later: malformed (see
+    GenerateRequest.task_id), or unknown while the server drains (see CancelStatus).
     - RESOURCE_EXHAUSTED: the queue is full; retry later.
     - UNAVAILABLE: the model is loading or the server is shutting down; retry later.
     - UNIMPLEMENTED: a requested feature this server does not support.

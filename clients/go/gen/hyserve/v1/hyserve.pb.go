@@ -173,6 +173,16 @@ const (
 	CancelStatus_CANCEL_STATUS_CANCELLED CancelStatus = 1
 	// The task had already ended (finished, failed or cancelled before); nothing changed.
 	CancelStatus_CANCEL_STATUS_ALREADY_FINISHED CancelStatus = 2
+	// No task with this id is registered for the caller yet (its Generate may still be on its way,
+	// being validated or tokenized). The Cancel is remembered for 10 seconds (at most 10,000 per
+	// server, the oldest dropped first) and applied when a Generate with this task_id from the same
+	// owner registers in that time: that stream ends with FINISH_REASON_CANCELLED. An id that does
+	// not register in time is forgotten and nothing changes. The server cannot tell an id that will
+	// never be used from one that is not used yet, so any well-formed unknown id answers this, and
+	// so does another owner's task, running or ended (which it leaves alone): the answer never says
+	// which ids exist. While the server drains, nothing can register any more and an unknown id
+	// answers NOT_FOUND instead.
+	CancelStatus_CANCEL_STATUS_PENDING CancelStatus = 3
 )
 
 // Enum value maps for CancelStatus.
@@ -181,11 +191,13 @@ var (
 		0: "CANCEL_STATUS_UNSPECIFIED",
 		1: "CANCEL_STATUS_CANCELLED",
 		2: "CANCEL_STATUS_ALREADY_FINISHED",
+		3: "CANCEL_STATUS_PENDING",
 	}
 	CancelStatus_value = map[string]int32{
 		"CANCEL_STATUS_UNSPECIFIED":      0,
 		"CANCEL_STATUS_CANCELLED":        1,
 		"CANCEL_STATUS_ALREADY_FINISHED": 2,
+		"CANCEL_STATUS_PENDING":          3,
 	}
 )
 
@@ -1705,7 +1717,8 @@ func (x *Timings) GetTimeToFirstTokenMs() float64 {
 type CancelRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Id of the task to cancel. The server remembers ended tasks for a while (minutes), so a late
-	// Cancel answers CANCEL_STATUS_ALREADY_FINISHED; ids it never saw or has forgotten give NOT_FOUND.
+	// Cancel answers CANCEL_STATUS_ALREADY_FINISHED; an id with no task the caller may see (never
+	// used, not registered yet, forgotten, or another owner's) answers CANCEL_STATUS_PENDING.
 	TaskId        string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2768,11 +2781,12 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x18FINISH_REASON_STOP_TOKEN\x10\x03\x12\x1c\n" +
 	"\x18FINISH_REASON_MAX_TOKENS\x10\x04\x12\x1e\n" +
 	"\x1aFINISH_REASON_CONTEXT_FULL\x10\x05\x12\x1b\n" +
-	"\x17FINISH_REASON_CANCELLED\x10\x06*n\n" +
+	"\x17FINISH_REASON_CANCELLED\x10\x06*\x89\x01\n" +
 	"\fCancelStatus\x12\x1d\n" +
 	"\x19CANCEL_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17CANCEL_STATUS_CANCELLED\x10\x01\x12\"\n" +
-	"\x1eCANCEL_STATUS_ALREADY_FINISHED\x10\x02*y\n" +
+	"\x1eCANCEL_STATUS_ALREADY_FINISHED\x10\x02\x12\x19\n" +
+	"\x15CANCEL_STATUS_PENDING\x10\x03*y\n" +
 	"\tSlotState\x12\x1a\n" +
 	"\x16SLOT_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fSLOT_STATE_IDLE\x10\x01\x12 \n" +

@@ -50,7 +50,8 @@ const (
 //   - INVALID_ARGUMENT: a malformed request (bad sampling value, token id >= vocab size, empty input,
 //     bad task_id, prompt that cannot fit in the context, ...); the details say which field.
 //   - ALREADY_EXISTS: Generate with the task_id of a task that is still running or queued.
-//   - NOT_FOUND: Cancel of a task_id the server has never seen (or forgot, see CancelRequest).
+//   - NOT_FOUND: Cancel of a task_id that no task can have now or later: malformed (see
+//     GenerateRequest.task_id), or unknown while the server drains (see CancelStatus).
 //   - RESOURCE_EXHAUSTED: the queue is full; retry later.
 //   - UNAVAILABLE: the model is loading or the server is shutting down; retry later.
 //   - UNIMPLEMENTED: a requested feature this server does not support.
@@ -65,7 +66,8 @@ type HyserveServiceClient interface {
 	// whose call the client cancels (or whose deadline passes) gets no further events.
 	Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateResponse], error)
 	// Cancel stops a queued or running task, wherever its Generate call came from. It is idempotent:
-	// cancelling a task that has already ended answers CANCEL_STATUS_ALREADY_FINISHED.
+	// cancelling a task that has already ended answers CANCEL_STATUS_ALREADY_FINISHED; one that is
+	// not registered yet answers CANCEL_STATUS_PENDING and is cancelled when it registers.
 	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error)
 	// CacheStats reports the state of every slot, the prefix store and the cumulative cache counters.
 	CacheStats(ctx context.Context, in *CacheStatsRequest, opts ...grpc.CallOption) (*CacheStatsResponse, error)
@@ -145,7 +147,8 @@ func (c *hyserveServiceClient) ModelInfo(ctx context.Context, in *ModelInfoReque
 //   - INVALID_ARGUMENT: a malformed request (bad sampling value, token id >= vocab size, empty input,
 //     bad task_id, prompt that cannot fit in the context, ...); the details say which field.
 //   - ALREADY_EXISTS: Generate with the task_id of a task that is still running or queued.
-//   - NOT_FOUND: Cancel of a task_id the server has never seen (or forgot, see CancelRequest).
+//   - NOT_FOUND: Cancel of a task_id that no task can have now or later: malformed (see
+//     GenerateRequest.task_id), or unknown while the server drains (see CancelStatus).
 //   - RESOURCE_EXHAUSTED: the queue is full; retry later.
 //   - UNAVAILABLE: the model is loading or the server is shutting down; retry later.
 //   - UNIMPLEMENTED: a requested feature this server does not support.
@@ -160,7 +163,8 @@ type HyserveServiceServer interface {
 	// whose call the client cancels (or whose deadline passes) gets no further events.
 	Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error
 	// Cancel stops a queued or running task, wherever its Generate call came from. It is idempotent:
-	// cancelling a task that has already ended answers CANCEL_STATUS_ALREADY_FINISHED.
+	// cancelling a task that has already ended answers CANCEL_STATUS_ALREADY_FINISHED; one that is
+	// not registered yet answers CANCEL_STATUS_PENDING and is cancelled when it registers.
 	Cancel(context.Context, *CancelRequest) (*CancelResponse, error)
 	// CacheStats reports the state of every slot, the prefix store and the cumulative cache counters.
 	CacheStats(context.Context, *CacheStatsRequest) (*CacheStatsResponse, error)
