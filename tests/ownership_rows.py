@@ -1,4 +1,4 @@
-"""The cross-owner rows of issue 14, run against a real server by real clients: every row with two
+"""The cross-owner rules, run against a real server by real clients: every row with two
 owners (`alice`, `bob`) and an admin. Shared by the token, mutual-TLS and auth-off server tests.
 
 `--parallel 2` is assumed: alice and bob each hold a slot while the rows run."""

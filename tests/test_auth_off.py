@@ -110,7 +110,7 @@ def test_tokens_on_loopback_with_health_and_reflection_protected(tmp_path: Path)
 
 
 def test_an_early_cancel_applies_only_to_its_own_callers_task(targets: tuple[str, str]) -> None:
-    """A Cancel that comes before its Generate is remembered per owner (issue 14, item 3)."""
+    """A Cancel that comes before its Generate is remembered per owner."""
     with HyserveClient(targets[0], timeout=120) as v4, HyserveClient(targets[1], timeout=120) as v6:
         for client, task_id in ((v6, "early-cross"), (v4, "early-own")):
             assert client.cancel(task_id) is CancelStatus.PENDING

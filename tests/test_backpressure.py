@@ -47,10 +47,10 @@ GENERATE = "/hyserve.v1.HyserveService/Generate"
 CANCEL = "/hyserve.v1.HyserveService/Cancel"
 HEALTH = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
 PROMPT = "Once upon a time"
-# The issue's bound is ~100 ms; the assertion allows far more because other engineers' builds share
-# these 2 cores (load averages of 8-21 were seen during these runs): the printed figures are the
-# evidence, the assertion only catches a stall like the 2.4-18.8 s ones before this change. That the
-# tokenizer lets other threads run is tested without timing in test_limits.py.
+# The target is ~100 ms; the assertion allows far more because other work may share these 2 cores
+# (load averages of 8-21 were seen on CI machines): the printed figures are the evidence, the
+# assertion only catches a stall of seconds (2.4-18.8 s without these limits). That the tokenizer
+# lets other threads run is tested without timing in test_limits.py.
 GAP_SLACK_S = 2.0
 RSS_GROWTH_BOUND_MIB = 200
 # A client's transport reads ahead of its application up to its receive window, which grpc grows
@@ -341,7 +341,7 @@ def test_big_prompts_do_not_stall_a_running_stream(client: HyserveClient) -> Non
     print(f"canary gaps while the 10.8 MB text was handled: {describe(during_huge)}")
     print(f"canary gaps while the largest texts were tokenized: {describe(during_largest)}")
     worst = max(max(during_huge), max(during_largest)) - max(before)
-    print(f"longest-gap difference: {worst * 1e3:.0f} ms (bound in the issue: ~100 ms)")
+    print(f"longest-gap difference: {worst * 1e3:.0f} ms (target: ~100 ms)")
     assert during_huge and len(during_largest) >= 5  # the stream ran while the prompts were handled
     assert worst < GAP_SLACK_S
 

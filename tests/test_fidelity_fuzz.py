@@ -1,4 +1,4 @@
-"""Differential fuzzing against llama.cpp (issue 16): random fixture shapes for every architecture
+"""Differential fuzzing against llama.cpp: random fixture shapes for every architecture
 hyserve loads (llama, qwen2, qwen3, gemma3, qwen35, qwen35moe, qwen3next, mamba2), random texts
 (prose, non-Latin scripts, emoji, whitespace runs, code) and weight types (f32, f16, q8_0, q4_0,
 q5_0, Q4_K_M, Q5_K_M, Q6_K), half of them written by an independent GGUF writer and quantized by

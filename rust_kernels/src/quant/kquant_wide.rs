@@ -14,7 +14,7 @@
 //! same benchmark: Q6_K 4 rows 0.118-0.122 -> 0.110 ms, 8 rows 0.222-0.226 -> 0.187-0.192 ms;
 //! Q4_K 8 rows 0.249-0.254 -> 0.234-0.236 ms but 4 rows 0.130 -> 0.136 ms, hence `q45k_on_zmm`
 //! from 8 rows only.
-//! (On the AMD Zen 4 of earlier sessions 512-bit operations ran at half rate; zmm gained nothing.)
+//! (On an AMD Zen 4, which runs 512-bit operations at half rate, the zmm form gained nothing.)
 //!
 //! Bits: i32 lane `l` of a zmm's low half sums the same products as lane `l` of the 256-bit
 //! kernel's first sum, its high half those of the second, and the result is low + high per lane.
