@@ -53,6 +53,9 @@ if [ "${1:-}" = "--test" ]; then
             || go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
         "$GOBIN/protoc-gen-go-grpc" --version 2>/dev/null | grep -qx 'protoc-gen-go-grpc 1.6.2' \
             || go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+        # docs/reference/grpc-api.md: the proto's documentation, run by buf as a local plugin (docs/gen/buf.gen.yaml)
+        "$GOBIN/protoc-gen-doc" --version 2>/dev/null | grep -qx 'protoc-gen-doc version 1.5.1' \
+            || go install github.com/pseudomuto/protoc-gen-doc/cmd/protoc-gen-doc@v1.5.1
         (cd clients/go && go mod download)
     fi
     # clients/typescript: its dependencies and protoc-gen-es, as locked (npm's cache: ~/.npm)

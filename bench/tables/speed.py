@@ -124,6 +124,13 @@ def headline(results: Results) -> str:
     )
 
 
+def _snapshot(run: Run) -> str:
+    h = run.data["hyserve"]
+    if "snapshot_ms" not in h:
+        return NONE
+    return f"{num(h['snapshot_ms'])} / {num(h['restore_ms'])} ms ({h['snapshot_bytes'] / 1e6:.1f} MB)"
+
+
 def _runtime_table(runs: Sequence[Run]) -> str:
     rows = []
     for r in runs:
@@ -131,9 +138,10 @@ def _runtime_table(runs: Sequence[Run]) -> str:
         g, gr = _speed(r, "gen_tok_s")
         ld, ldr = _load(r)
         d = r.data
-        rows.append([model_name(d.get("model")), str(d.get("n_prompt")), p, pr, str(d.get("n_gen")), g, gr, ld, ldr])
+        row = [model_name(d.get("model")), str(d.get("n_prompt")), p, pr, str(d.get("n_gen")), g, gr, ld, ldr]
+        rows.append([*row, _snapshot(r)])
     header = ["model", "prompt tokens", "prompt tok/s", "ratio", "generated", "gen tok/s", "ratio", "load s", "ratio"]
-    return table(header, rows)
+    return table([*header, "hyserve state snapshot / restore"], rows)
 
 
 def runtime(results: Results, names: Sequence[str]) -> str:
