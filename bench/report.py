@@ -85,9 +85,9 @@ def instruction_sets(simd: str | None) -> dict:
 
 def tables(directory: Path | None = None) -> dict[str, str]:
     """Every generated benchmark table, by the name of the block it fills in the README and docs."""
-    from tables import fidelity as fid
-    from tables import speed
-    from tables.records import RESULTS, Results
+    from report_tables import fidelity as fid
+    from report_tables import speed
+    from report_tables.records import RESULTS, Results
 
     r = Results(directory or RESULTS)
     return {

@@ -59,7 +59,7 @@ def test_a_stale_block_is_reported(tmp_path: Path) -> None:
 
 
 def test_provenance_comes_from_the_result_then_the_record(tmp_path: Path) -> None:
-    from tables.records import NONE, Results  # bench/tables, on sys.path since the generator's import
+    from report_tables.records import NONE, Results  # bench/, on sys.path since the generator's import
 
     base = {"model": "gemma-3-270m-q4_k_m.gguf", "hyserve_simd": "avx2", "llama_cpp_cpu": "CPU : AVX2 = 1 |"}
     (tmp_path / "bare.json").write_text(json.dumps(base))

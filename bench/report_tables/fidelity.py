@@ -1,12 +1,12 @@
 """Agreement and cache tables generated from `bench/results/*.json`: hyserve against llama.cpp
 (`oracle_report`), the GPU path against the CPU path (`gpu_agreement*`), prompt tokens processed in
-agent sessions (`agent_replay_*`) and the memory of one replica (`replica_memory_*`)."""
+agent conversations (`agent_replay_*`) and the memory of one replica (`replica_memory_*`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tables.records import NONE, Results, num, pct, runs_table, sci, table
+from report_tables.records import NONE, Results, num, pct, runs_table, sci, table
 
 
 def _options(options: dict) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from tables.records import NONE, Results, Run, model_name, num, provenance_line, ratio, runs_table, table
+from report_tables.records import NONE, Results, Run, model_name, num, provenance_line, ratio, runs_table, table
 
 # The runs the documentation leads with. Same ISA: hyserve capped at AVX2 (`--simd avx2`) against
 # llama.cpp's AVX2 build, the like-for-like comparison. Newest: hyserve on its best path
