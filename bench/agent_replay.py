@@ -41,8 +41,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
 from cache_ledger import Ledger
 from fixtures.make_models import CHAT_TEMPLATE
 from report import publish

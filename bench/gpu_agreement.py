@@ -17,21 +17,17 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixtures import make_models
+from test_gpu_hybrid_models import CASES as HYBRID_CASES
+from test_gpu_matrix import MATRIX_CASES
+from test_gpu_models import CASES, TEXT
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path.insert(0, str(TESTS))
-
-from fixtures import make_models  # noqa: E402
-from test_gpu_hybrid_models import CASES as HYBRID_CASES  # noqa: E402
-from test_gpu_matrix import MATRIX_CASES  # noqa: E402
-from test_gpu_models import CASES, TEXT  # noqa: E402
-
-from hyserve.logging_setup import configure_logging  # noqa: E402
-from hyserve.model.architectures.base import Logits, Segment  # noqa: E402
-from hyserve.model.backend import open_backend  # noqa: E402
-from hyserve.model.gguf_file import GGUFFile  # noqa: E402
-from hyserve.model.loader import ARCHITECTURES, load_model  # noqa: E402
-from llama_oracle import kl_per_position, top1_agreement, top1_agreement_up_to_ties  # noqa: E402
+from hyserve.logging_setup import configure_logging
+from hyserve.model.architectures.base import Logits, Segment
+from hyserve.model.backend import open_backend
+from hyserve.model.gguf_file import GGUFFile
+from hyserve.model.loader import ARCHITECTURES, load_model
+from llama_oracle import kl_per_position, top1_agreement, top1_agreement_up_to_ties
 
 GEMMA_PROMPTS = ["Once upon a time, there was a little robot who", "The capital of France is Paris. The capital of"]
 

@@ -10,27 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fixtures import make_models
+from test_gpu_models import TEXT
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path.insert(0, str(TESTS))
-
-from fixtures import make_models  # noqa: E402
-from test_gpu_models import TEXT  # noqa: E402
-
-from hyserve.logging_setup import configure_logging  # noqa: E402
-from hyserve.model.architectures.base import Logits, Segment  # noqa: E402
-from hyserve.model.backend import open_backend  # noqa: E402
-from hyserve.model.backend.base import AttentionSpan  # noqa: E402
-from hyserve.model.backend.cpu import CpuBackend  # noqa: E402
-from hyserve.model.backend.gpu import GpuBackend  # noqa: E402
-from hyserve.model.gguf_file import GGUFFile  # noqa: E402
-from hyserve.model.loader import ARCHITECTURES, load_model  # noqa: E402
+from hyserve.logging_setup import configure_logging
+from hyserve.model.architectures.base import Logits, Segment
+from hyserve.model.backend import open_backend
+from hyserve.model.backend.base import AttentionSpan
+from hyserve.model.backend.cpu import CpuBackend
+from hyserve.model.backend.gpu import GpuBackend
+from hyserve.model.gguf_file import GGUFFile
+from hyserve.model.loader import ARCHITECTURES, load_model
 
 # ops that return new tensors / work in place / write a new recurrent state (argument index)
 PURE = ["silu", "l2_norm", "rms_norm_groups", "gdn_gates", "softcap", "concat_columns", "columns", "geglu", "swiglu"]

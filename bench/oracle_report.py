@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from hyserve.logging_setup import configure_logging
-
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path.insert(0, str(TESTS))
 
 
 def cases() -> list[tuple[str, str, dict]]:

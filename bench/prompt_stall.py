@@ -14,15 +14,12 @@ import argparse
 import itertools
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import grpc
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_process import running_server
 
 from hyserve.logging_setup import configure_logging

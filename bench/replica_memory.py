@@ -20,8 +20,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
 from loopback import Replica, wait_until
 
 from hyserve.logging_setup import configure_logging

@@ -22,9 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
 from report import publish
 from server_process import running_server
 

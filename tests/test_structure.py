@@ -111,3 +111,35 @@ def test_every_module_the_service_imports_is_a_declared_dependency() -> None:
         if not dists & declared:
             missing.append(f"{module} (from {sorted(dists) or 'no installed distribution'})")
     assert missing == []
+
+
+BENCH = TESTS.parent / "bench"
+
+
+def _tests_modules_imported_by(path: Path) -> set[str]:
+    """Top-level names `path` imports (anywhere in it) that are modules or packages of tests/."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return {n for n in names if (TESTS / f"{n}.py").exists() or (TESTS / n / "__init__.py").exists()}
+
+
+def test_bench_imports_the_test_helpers_as_an_installed_package() -> None:
+    """bench/ edits no sys.path: what it takes from tests/ comes from the hyserve-test-support
+    distribution (tests/pyproject.toml), which must declare each of those modules and what they import."""
+    assert [p.name for p in sorted(BENCH.glob("*.py")) if "sys.path" in p.read_text()] == []
+    tool = tomllib.loads((TESTS / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(tool["py-modules"]) | set(tool["packages"])
+    needed = set().union(*(_tests_modules_imported_by(p) for p in BENCH.glob("*.py")))
+    assert needed, "bench/ imports nothing from tests/: drop tests/pyproject.toml"
+    seen: set[str] = set()
+    while needed - seen:  # and what those modules import from tests/ in turn
+        name = min(needed - seen)
+        seen.add(name)
+        module = TESTS / f"{name}.py" if (TESTS / f"{name}.py").exists() else TESTS / name / "__init__.py"
+        files = [module] if module.name != "__init__.py" else list(module.parent.glob("*.py"))
+        needed |= set().union(*(_tests_modules_imported_by(f) for f in files))
+    assert sorted(needed - declared) == []
