@@ -130,10 +130,11 @@ def _tests_modules_imported_by(path: Path) -> set[str]:
 def test_bench_imports_the_test_helpers_as_an_installed_package() -> None:
     """bench/ edits no sys.path: what it takes from tests/ comes from the hyserve-test-support
     distribution (tests/pyproject.toml), which must declare each of those modules and what they import."""
-    assert [p.name for p in sorted(BENCH.glob("*.py")) if "sys.path" in p.read_text()] == []
+    scripts = sorted(BENCH.rglob("*.py"))
+    assert [str(p.relative_to(BENCH)) for p in scripts if "sys.path" in p.read_text()] == []
     tool = tomllib.loads((TESTS / "pyproject.toml").read_text())["tool"]["setuptools"]
     declared = set(tool["py-modules"]) | set(tool["packages"])
-    needed = set().union(*(_tests_modules_imported_by(p) for p in BENCH.glob("*.py")))
+    needed = set().union(*(_tests_modules_imported_by(p) for p in scripts))
     assert needed, "bench/ imports nothing from tests/: drop tests/pyproject.toml"
     seen: set[str] = set()
     while needed - seen:  # and what those modules import from tests/ in turn
