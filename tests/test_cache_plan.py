@@ -1,4 +1,4 @@
-"""The prompt cache's decisions (engine/cache_plan.py) over tables of cases, without a model.
+"""The prompt cache's decisions (engine/cache_plan/) over tables of cases, without a model.
 
 Scenario numbers refer to the scenario list of llama.cpp server's checkpoint notes (section 9); where our
 rules differ from llama.cpp's on purpose the comment says how.

@@ -30,6 +30,22 @@ def test_cache_plan_loads_no_model_tokenizer_or_kernel() -> None:
     assert heavy == [], f"importing cache_plan loaded {heavy}"
 
 
+def test_cache_plan_modules_import_only_each_other() -> None:
+    """The decision modules of the cache_plan package (resume, admission, placement, budgets, kinds)
+    import nothing of hyserve outside that package: no engine state, no model, no threads."""
+    package = TESTS.parent / "service" / "hyserve" / "engine" / "cache_plan"
+    modules = sorted(package.glob("*.py"))
+    assert {p.stem for p in modules} >= {"__init__", "kinds", "resume", "admission", "placement", "budgets"}
+    outside = []
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if node.level == 0 else []
+            outside += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("hyserve", "hyserve_kernels")]
+    assert [o for o in outside if not o.split(": ")[1].startswith("hyserve.engine.cache_plan")] == []
+
+
 def test_stop_rules_load_no_model_tokenizer_or_kernel() -> None:
     loaded = loaded_after_import("hyserve.engine.stop")
     assert [m for m in loaded if m.startswith(HEAVY)] == []

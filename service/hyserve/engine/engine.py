@@ -3,7 +3,7 @@
 This module is the API side: thread-safe calls only (`submit`, `cancel`, `stats`, `shutdown`);
 the engine talks back through each task's event sink. The thread's work is in loop.py, a slot and
 its task's run in slot.py, what is reported in stats.py, and what both sides share (under one
-lock) in shared.py. The cache's decisions are plain functions in cache_plan.py.
+lock) in shared.py. The cache's decisions are plain functions in cache_plan/.
 """
 
 from __future__ import annotations

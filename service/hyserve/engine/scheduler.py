@@ -3,7 +3,7 @@
 - `BoundedFifo`: the waiting queue (admission in arrival order; full -> the API answers
   RESOURCE_EXHAUSTED).
 - (which slot a queued prompt goes to and where it resumes: the prompt cache's decisions, in
-  cache_plan.py)
+  cache_plan/)
 - `compose_batch`: what one forward call evaluates: one token for every generating slot plus
   prompt chunks, oldest admission first, within a token budget.
 
