@@ -24,7 +24,7 @@ from test_gpu_models import CASES, TEXT
 
 from hyserve.logging_setup import configure_logging
 from hyserve.model.architectures.base import Logits, Segment
-from hyserve.model.backend import open_backend
+from hyserve.model.backend import DeviceRequest, open_backend
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.loader import ARCHITECTURES, load_model
 from llama_oracle import kl_per_position, top1_agreement, top1_agreement_up_to_ties
@@ -50,11 +50,12 @@ def compare(name: str, cpu, gpu_arch, tokens: list[int]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--adapter", default=None)
+    p.add_argument("--numerics", choices=("fast", "exact"), default="exact", help="the GPU numerics mode")
     p.add_argument("--matrix", action="store_true", help="every fixture architecture x every weight format")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
     configure_logging()  # logs go to stderr: stdout carries only the JSON
-    gpu = open_backend("gpu", gpu_adapter=args.adapter)
+    gpu = open_backend(DeviceRequest("gpu", gpu_adapter=args.adapter, gpu_numerics=args.numerics))
     rows = []
     cases = MATRIX_CASES if args.matrix else CASES + HYBRID_CASES
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,7 +69,12 @@ def main() -> None:
         gemma_gpu = ARCHITECTURES["gemma3"](gemma.gguf, gpu)
         for text in GEMMA_PROMPTS:
             rows.append(compare("Gemma 3 270M Q4_K_M", gemma, gemma_gpu, gemma.tokenizer.encode(text)))
-    result = {"adapter": gpu.description, "features": gpu.device.features, "cases": rows}
+    result = {
+        "adapter": gpu.description,
+        "features": gpu.device.features,
+        "numerics": gpu.device.numerics,
+        "cases": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     name = "gpu_agreement_matrix.json" if args.matrix else "gpu_agreement.json"
     (args.out / name).write_text(json.dumps(result, indent=2) + "\n")

@@ -33,6 +33,7 @@ import numpy as np
 from report import publish
 
 from hyserve.logging_setup import configure_logging
+from hyserve.model.backend.select import DeviceRequest
 
 TEXT = (
     "The history of computing is a story of abstraction layered on abstraction. Early machines were "
@@ -158,7 +159,7 @@ def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
     from hyserve.model.loader import load_model
 
     start = time.perf_counter()
-    model = load_model(str(path), device="gpu", gpu_adapter=args.adapter)
+    model = load_model(str(path), device=DeviceRequest("gpu", gpu_adapter=args.adapter, gpu_numerics=args.numerics))
     load_s = time.perf_counter() - start
     arch, ops = model.arch, model.arch.ops
     tokens = model.tokenizer.encode(TEXT * (1 + args.prompt // 30))[: args.prompt]
@@ -181,7 +182,12 @@ def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
     prompt()  # warm-up: pipelines built, weights resident
     host = decode_step_host_s(arch, ops, tokens[:8], args.host_steps)
     if args.host_only:
-        return {"adapter": ops.description, "software_adapter": bool(ops.device.is_software), "decode_step_host": host}
+        return {
+            "adapter": ops.description,
+            "software_adapter": bool(ops.device.is_software),
+            "numerics": ops.device.numerics,
+            "decode_step_host": host,
+        }
     pp = [prompt() for _ in range(args.repeats)]
     tg = [generation() for _ in range(args.repeats)]
     ours_side = HyserveSide(str(path), args.threads, model=model)
@@ -208,6 +214,7 @@ def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
     return {
         "adapter": ops.description,
         "software_adapter": bool(ops.device.is_software),
+        "numerics": ops.device.numerics,
         "load_s": load_s,
         "prompt_tokens": len(tokens),
         "prompt_tok_s": len(tokens) / statistics.median(pp),
@@ -339,6 +346,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default")
     p.add_argument("--adapter", default=None, help="GPU adapter name substring")
+    p.add_argument("--numerics", choices=("fast", "exact"), default="fast", help="the GPU numerics mode")
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16])

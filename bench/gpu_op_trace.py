@@ -20,7 +20,7 @@ from test_gpu_models import TEXT
 
 from hyserve.logging_setup import configure_logging
 from hyserve.model.architectures.base import Logits, Segment
-from hyserve.model.backend import open_backend
+from hyserve.model.backend import DeviceRequest, open_backend
 from hyserve.model.backend.base import AttentionSpan
 from hyserve.model.backend.cpu import CpuBackend
 from hyserve.model.backend.gpu import GpuBackend
@@ -157,9 +157,10 @@ def main() -> None:
     p.add_argument("--kw", type=json.loads, default={}, help="make_models.write_model keywords (JSON)")
     p.add_argument("--tokens", type=int, default=0, help="the first N tokens of the text (0: all)")
     p.add_argument("--adapter", default=None)
+    p.add_argument("--numerics", choices=("fast", "exact"), default="exact", help="the GPU numerics mode")
     args = p.parse_args()
     configure_logging()  # logs go to stderr: stdout carries only the trace
-    trace = TracingBackend(open_backend("gpu", gpu_adapter=args.adapter))
+    trace = TracingBackend(open_backend(DeviceRequest("gpu", gpu_adapter=args.adapter, gpu_numerics=args.numerics)))
     with tempfile.TemporaryDirectory() as tmp:
         path = make_models.write_model(Path(tmp) / "m.gguf", args.arch, qtype=args.qtype, **args.kw)
         arch = ARCHITECTURES[args.arch](GGUFFile.open(path), trace)

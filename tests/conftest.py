@@ -25,18 +25,23 @@ def gemma_model(gemma_path: Path):  # -> LoadedModel
     return load_model(gemma_path)
 
 
-@pytest.fixture(scope="session")
-def gpu_device():  # -> hk.GpuDevice
-    """The wgpu device the GPU tests run on: a hardware adapter if there is one, else a software
-    one (Mesa's lavapipe, installed by .ci/install.sh --test); HYSERVE_TEST_GPU_ADAPTER picks one by
-    name. Skips only when no adapter exists at all."""
+def _open_gpu_device(numerics: str):  # -> hk.GpuDevice
     import hyserve_kernels as hk
 
     name = os.environ.get("HYSERVE_TEST_GPU_ADAPTER") or None
     try:
-        return hk.GpuDevice(None, name, allow_software=True)
+        return hk.GpuDevice(None, name, allow_software=True, numerics=numerics)
     except ValueError as exc:
         pytest.skip(f"no wgpu adapter on this machine: {exc}")
+
+
+@pytest.fixture(scope="session")
+def gpu_device():  # -> hk.GpuDevice
+    """The wgpu device the kernel tests run on, in exact numerics (the CPU kernels' bits): a
+    hardware adapter if there is one, else a software one (Mesa's lavapipe, installed by
+    .ci/install.sh --test); HYSERVE_TEST_GPU_ADAPTER picks one by name. Skips only when no adapter
+    exists at all."""
+    return _open_gpu_device("exact")
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +49,16 @@ def gpu_backend(gpu_device):  # -> GpuBackend
     from hyserve.model.backend.gpu import GpuBackend
 
     return GpuBackend(gpu_device)
+
+
+@pytest.fixture(scope="session")
+def gpu_fast_device():  # -> hk.GpuDevice
+    """The same adapter in fast numerics (the adapter's own float operations: the default)."""
+    return _open_gpu_device("fast")
+
+
+@pytest.fixture(scope="session")
+def gpu_fast_backend(gpu_fast_device):  # -> GpuBackend
+    from hyserve.model.backend.gpu import GpuBackend
+
+    return GpuBackend(gpu_fast_device)

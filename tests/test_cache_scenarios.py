@@ -31,6 +31,7 @@ from server_process import free_port, running_server
 from hyserve.engine.cache_plan import common_prefix_len
 from hyserve.engine.generator import StopRule, generate
 from hyserve.engine.sampling import SamplingParams
+from hyserve.model.backend.select import DeviceRequest
 from hyserve.model.loader import LoadedModel, load_model
 from hyserve_client import Accepted, Delta, Finished, FinishReason, HyserveClient, HyserveError
 
@@ -113,7 +114,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     metrics_port = free_port()
     args += ["--threads", "2", "--prompt-chunk", "32", "--checkpoint-interval", "64"]
     args += ["--metrics-port", str(metrics_port), "--device", device]
-    model = load_model(model_arg, template, device)  # the cache-free reference runs on the same device
+    model = load_model(model_arg, template, DeviceRequest(device))  # the cache-free reference runs on the same device
     with running_server(tmp / "server.log", *args) as target:
         yield Served(kind, target, model, f"http://127.0.0.1:{metrics_port}/metrics")
 

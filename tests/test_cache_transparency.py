@@ -40,6 +40,7 @@ from hyserve.engine.input_log import InputLog
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.task import DeltaEvent, Event, FailedEvent, FinishedEvent, FinishReason, Task
 from hyserve.model.architectures.base import Logits, Segment
+from hyserve.model.backend.select import DeviceRequest
 from hyserve.model.loader import LoadedModel, load_model
 from hyserve.model.memory import SequenceMemory, Snapshot
 
@@ -135,7 +136,7 @@ def input_bytes_per_token(model: LoadedModel) -> int:
 def _rig(
     path: Path, n_slots: int, checkpoints_kept: int = 3, replay_tokens: int = 16, device: str = "cpu"
 ) -> Iterator[Rig]:
-    model = load_model(path, device=device)
+    model = load_model(path, device=DeviceRequest(device))
     # budgets in units of one checkpoint (attention-only memory: logits only) so eviction happens
     snap_bytes = max(model.arch.new_memory(8).snapshot().nbytes, 4 * model.arch.n_vocab)
     logits_bytes = 4 * model.arch.n_vocab

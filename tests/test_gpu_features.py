@@ -20,7 +20,7 @@ from hyserve.model.loader import ARCHITECTURES
 
 def open_device(**kw) -> hk.GpuDevice:
     try:
-        return hk.GpuDevice(None, None, allow_software=True, **kw)
+        return hk.GpuDevice(None, None, allow_software=True, numerics="exact", **kw)
     except ValueError as exc:
         pytest.skip(f"no wgpu adapter on this machine: {exc}")
 

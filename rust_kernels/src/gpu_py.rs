@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::gpu::ops::{self, AttentionSpec, CopySpec, Elementwise, Rope};
-use crate::gpu::{adapter, AdapterChoice, Gpu, GpuBuffer, GpuWeight};
+use crate::gpu::{adapter, AdapterChoice, Gpu, GpuBuffer, GpuWeight, Numerics};
 use crate::{value_error, QMatrix};
 
 /// f32 values, or i32 ids/positions (both 4 bytes a value).
@@ -281,9 +281,11 @@ impl GpuDevice {
     /// `max_binding` lowers the bytes bound at once (tests split small tensors with it); `lanes`
     /// (1 or 8) sets the threads per weight row of the matmul (default: 1 on software adapters);
     /// `features` names the optional adapter features to use where the adapter has them and they
-    /// pass their probes ("subgroups", "f16"; None: all; [] none). The results are the same bits.
+    /// pass their probes ("subgroups", "f16"; None: all; [] none); the results are the same bits.
+    /// `numerics` "fast" (the adapter's float operations) or "exact" (the CPU kernels' bits).
     #[new]
-    #[pyo3(signature = (backend=None, adapter=None, allow_software=false, max_binding=None, lanes=None, features=None))]
+    #[pyo3(signature = (backend=None, adapter=None, allow_software=false, max_binding=None, lanes=None, features=None, numerics="fast"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         backend: Option<String>,
@@ -292,10 +294,12 @@ impl GpuDevice {
         max_binding: Option<u64>,
         lanes: Option<u32>,
         features: Option<Vec<String>>,
+        numerics: &str,
     ) -> PyResult<Self> {
         if lanes.is_some_and(|l| l != 1 && l != 8) {
             return Err(value_error("lanes must be 1 or 8"));
         }
+        let numerics = Numerics::parse(numerics).map_err(value_error)?;
         let choice = AdapterChoice {
             backend,
             name: adapter,
@@ -303,6 +307,7 @@ impl GpuDevice {
             max_binding,
             lanes,
             features,
+            numerics,
         };
         let gpu = py.detach(|| Gpu::open(&choice)).map_err(value_error)?;
         Ok(Self { gpu: Arc::new(gpu) })
@@ -336,6 +341,12 @@ impl GpuDevice {
     #[getter]
     fn features(&self) -> Vec<&'static str> {
         self.gpu.features().names()
+    }
+
+    /// "fast" or "exact": the shaders' float operations.
+    #[getter]
+    fn numerics(&self) -> &'static str {
+        self.gpu.numerics().name()
     }
 
     /// Whether the adapter's `fma` rounds once; where not, the shaders compute it in integers.

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from hyserve.device_flags import add_device_arguments, device_request
 from hyserve.logging_setup import configure_logging
-from hyserve.model.backend.select import add_device_arguments
 from hyserve.operator_errors import OperatorError, model_path_error, run_flag_error, run_reporting
 
 
@@ -32,7 +32,7 @@ def _generate(args: argparse.Namespace) -> int:
     if problem is not None:
         raise OperatorError(problem)
     hyserve_kernels.set_num_threads(args.threads)
-    model = load_model(args.model, args.chat_template, args.device, args.gpu_backend, args.gpu_adapter)
+    model = load_model(args.model, args.chat_template, device_request(args))
     if args.chat:
         rendered = model.chat_template.render([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
         prompt = model.tokenizer.encode(rendered.text, add_special=False, parse_special=True)

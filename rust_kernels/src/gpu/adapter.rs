@@ -16,6 +16,8 @@ pub struct AdapterChoice {
     pub lanes: Option<u32>,
     /// optional features to use where the adapter has them (features.rs; None: all)
     pub features: Option<Vec<String>>,
+    /// the shaders' float operations (numerics.rs)
+    pub numerics: super::Numerics,
 }
 
 fn backends(name: Option<&str>) -> Result<wgpu::Backends, String> {

@@ -7,6 +7,7 @@ use wgpu::util::DeviceExt;
 
 use super::adapter::{self, describe, AdapterChoice};
 use super::features::{self, ShaderFeatures};
+use super::Numerics;
 use super::recorder::Recorder;
 
 /// Access of one binding of a kernel, in binding order.
@@ -95,6 +96,8 @@ pub struct Gpu {
     fused_fma: bool,
     /// the optional features the shaders use (features.rs)
     features: ShaderFeatures,
+    /// the shaders' float operations (numerics.rs)
+    numerics: Numerics,
     /// read-only tables uploaded once per device (by name)
     constants: Mutex<HashMap<&'static str, Arc<GpuBuffer>>>,
     /// bound where a kernel declares a binding that an operation does not use
@@ -144,6 +147,7 @@ impl Gpu {
             pool: Arc::new(Mutex::new(HashMap::new())),
             fused_fma: true,
             features: ShaderFeatures::default(),
+            numerics: choice.numerics,
             constants: Mutex::new(HashMap::new()),
             dummy,
         };
@@ -167,6 +171,11 @@ impl Gpu {
     /// probes).
     pub fn features(&self) -> ShaderFeatures {
         self.features
+    }
+
+    /// The shaders' numerics mode.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// Runs `fma(1 + 2^-12, 1 + 2^-12, -1)` on the device: 2^-11 + 2^-24 when fused, 2^-11 when the
@@ -219,7 +228,7 @@ impl Gpu {
         if let Some((_, p)) = variants.iter().find(|(c, _)| c == constants) {
             return p.clone();
         }
-        let source = features::preprocess(&k.sources.concat(), self.features);
+        let source = features::preprocess(&k.sources.concat(), self.features, self.numerics);
         let wants_fma = source.contains("override FUSED_FMA");
         let module = self
             .device

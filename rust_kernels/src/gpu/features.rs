@@ -9,9 +9,10 @@
 //! WGSL leaves the layout of subgroups and the rounding of float conversions to the implementation,
 //! so a feature is used only after a probe on the device shows it behaves as the fallback computes
 //! (`Gpu::open`). Shader variants are chosen by a tiny preprocessor: `//#if NAME`, `//#else`,
-//! `//#endif` lines in the WGSL sources.
+//! `//#endif` lines in the WGSL sources, NAME a feature or `exact` (the numerics mode, numerics.rs).
 
 use super::device::{Access, Gpu, Kernel};
+use super::Numerics;
 
 /// The features by name, as `--gpu-features` / `HYSERVE_WGPU_FEATURES` and `GpuDevice` spell them.
 pub const NAMES: [&str; 2] = ["subgroups", "f16"];
@@ -72,9 +73,17 @@ impl ShaderFeatures {
     }
 }
 
-/// The source with the `//#if NAME` / `//#else` / `//#endif` blocks resolved for `features`, and
-/// the `enable` directive that `f16` needs in front. Blocks nest.
-pub fn preprocess(source: &str, features: ShaderFeatures) -> String {
+/// The source with the `//#if NAME` / `//#else` / `//#endif` blocks resolved for `features` and
+/// `numerics` (`exact` is on in exact numerics), and the `enable` directive that `f16` needs in
+/// front. Blocks nest.
+pub fn preprocess(source: &str, features: ShaderFeatures, numerics: Numerics) -> String {
+    let defined = |name: &str| {
+        if name == "exact" {
+            numerics == Numerics::Exact
+        } else {
+            features.has(name)
+        }
+    };
     let mut out = String::with_capacity(source.len() + 16);
     if features.f16 {
         out.push_str("enable f16;\n");
@@ -85,7 +94,7 @@ pub fn preprocess(source: &str, features: ShaderFeatures) -> String {
         let directive = line.trim_start();
         if let Some(name) = directive.strip_prefix("//#if ") {
             let outer = kept.last().copied().unwrap_or(true);
-            kept.push(outer && features.has(name.trim()));
+            kept.push(outer && defined(name.trim()));
         } else if directive.starts_with("//#else") {
             let n = kept.len();
             let outer = n < 2 || kept[n - 2];
@@ -240,7 +249,7 @@ mod tests {
         "a\n//#if subgroups\nb\n//#if f16\nc\n//#else\nd\n//#endif\n//#else\ne\n//#endif\nf\n";
 
     fn with(subgroups: bool, f16: bool) -> String {
-        preprocess(SRC, ShaderFeatures { subgroups, f16 })
+        preprocess(SRC, ShaderFeatures { subgroups, f16 }, Numerics::Fast)
     }
 
     #[test]
@@ -249,6 +258,14 @@ mod tests {
         assert_eq!(with(true, false), "a\nb\nd\nf\n");
         assert_eq!(with(true, true), "enable f16;\na\nb\nc\nf\n");
         assert_eq!(with(false, true), "enable f16;\na\ne\nf\n");
+    }
+
+    #[test]
+    fn exact_is_on_only_in_exact_numerics() {
+        let src = "//#if exact\nint\n//#else\nnative\n//#endif\n";
+        let none = ShaderFeatures::default();
+        assert_eq!(preprocess(src, none, Numerics::Exact), "int\n");
+        assert_eq!(preprocess(src, none, Numerics::Fast), "native\n");
     }
 
     #[test]

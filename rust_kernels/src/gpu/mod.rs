@@ -2,6 +2,7 @@
 //! family) run through wgpu on Vulkan, Metal or DX12.
 //!
 //! - `adapter`: which adapter to open (backends, ranking, the error naming what was found).
+//! - `numerics`: the two numerics modes (fast: the adapter's float operations; exact: the CPU's bits).
 //! - `features`: optional adapter features (subgroups, shader-f16), their probes, the shader
 //!   preprocessor that picks a variant.
 //! - `device`: the device, pipelines built once, pooled buffers, the one pending
@@ -21,6 +22,7 @@ pub mod adapter;
 pub mod device;
 pub mod features;
 pub mod moe;
+pub mod numerics;
 pub mod ops;
 pub mod profile;
 pub mod recorder;
@@ -29,4 +31,5 @@ pub mod weights;
 
 pub use adapter::AdapterChoice;
 pub use device::{Gpu, GpuBuffer};
+pub use numerics::Numerics;
 pub use weights::GpuWeight;

@@ -50,7 +50,8 @@ from hyserve.api.security import Security, SecurityConfig, add_security_argument
 from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime, model_info
 from hyserve.api.tls import is_loopback
 from hyserve.api.validation import RequestLimits
-from hyserve.model.backend.select import add_device_arguments
+from hyserve.device_flags import add_device_arguments, device_request
+from hyserve.model.backend.select import DeviceRequest
 from hyserve.operator_errors import OperatorError, is_operator_error, model_path_error
 
 log = structlog.get_logger(__name__)
@@ -71,6 +72,10 @@ LIVENESS_SERVICE = ""  # grpc.health.v1's name for the whole server
 METRICS_CLOSE_MIN_S = 2.0
 
 T = TypeVar("T")
+
+
+# --swa-cache ring keeps window rings in host memory, which the GPU path does not read
+_RING_CPU_ONLY = "--swa-cache ring (ring caches are CPU-only)"
 
 
 @dataclass(frozen=True)
@@ -94,9 +99,7 @@ class ServeConfig:
     swa_cache: str = "full"
     replica_id: str | None = None
     http_port: int | None = None  # OpenAI-compatible HTTP front
-    device: str = "cpu"
-    gpu_backend: str | None = None
-    gpu_adapter: str | None = None
+    device: DeviceRequest = field(default_factory=DeviceRequest)
     max_prompt_bytes: int | None = None  # None: derived from ctx_size (limits.py)
     stream_stall_seconds: float = DEFAULT_STREAM_STALL_SECONDS
     max_queued_prompt_tokens: int | None = None  # None: derived from ctx_size; 0: no limit
@@ -136,9 +139,7 @@ class ServeConfig:
             drain_seconds=args.drain_seconds,
             replica_id=args.replica_id,
             http_port=args.http_port,
-            device=args.device,
-            gpu_backend=args.gpu_backend,
-            gpu_adapter=args.gpu_adapter,
+            device=device_request(args, cpu_only=_RING_CPU_ONLY if args.swa_cache == "ring" else None),
             max_prompt_bytes=args.max_prompt_bytes,
             stream_stall_seconds=args.stream_stall_seconds,
             max_queued_prompt_tokens=args.max_queued_prompt_tokens,
@@ -267,7 +268,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
 
     if config.threads is not None:
         hyserve_kernels.set_num_threads(config.threads)
-    model = load_model(config.model, config.chat_template, config.device, config.gpu_backend, config.gpu_adapter)
+    model = load_model(config.model, config.chat_template, config.device)
     if config.ctx_size > model.arch.n_ctx_train:
         log.warning("ctx_size_exceeds_training", ctx_size=config.ctx_size, n_ctx_train=model.arch.n_ctx_train)
     start = time.perf_counter()

@@ -19,7 +19,9 @@ from hyserve.model.architectures.mamba2 import Mamba2
 from hyserve.model.architectures.qwen3next import Qwen3Next
 from hyserve.model.architectures.qwen35 import Qwen35
 from hyserve.model.architectures.qwen35moe import Qwen35Moe
-from hyserve.model.backend import CPU, DeviceError, open_backend
+from hyserve.model.backend import CPU, DeviceError
+from hyserve.model.backend.base import Backend
+from hyserve.model.backend.select import DeviceRequest, build_on_device
 from hyserve.model.chat_template import ChatTemplate
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 from hyserve.model.heap import keep_freed_buffers
@@ -85,11 +87,9 @@ def probe(arch: Architecture) -> None:
 def load_model(
     model: str | Path,
     chat_template_file: Path | None = None,
-    device: str = "cpu",
-    gpu_backend: str | None = None,
-    gpu_adapter: str | None = None,
+    device: DeviceRequest | None = None,
 ) -> LoadedModel:
-    """`device`: where the forward pass runs, "cpu", "gpu" or "auto" (see `backend.select`)."""
+    """`device`: where the forward pass runs (`backend.select`; None: the CPU)."""
     start = time.perf_counter()
     keep_freed_buffers()
     path = resolve_model_path(str(model))
@@ -99,15 +99,15 @@ def load_model(
     if build is None:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise GGUFError(f"{path}: architecture {arch_name!r} is not supported (supported: {supported})")
-    if device != "cpu" and not getattr(build, "has_gpu_path", False):
-        if device == "gpu":
-            raise DeviceError(f"{path}: architecture {arch_name!r} has no GPU path yet (use --device cpu)")
-        log.info("device_auto_cpu", reason=f"architecture {arch_name!r} has no GPU path yet")
-        device = "cpu"
-    ops = open_backend(device, gpu_backend, gpu_adapter)
-    with _refusing(path, f"the {arch_name} tensors do not match its metadata"):
-        arch = build(gguf, ops) if ops is not CPU else build(gguf)
-        probe(arch)
+
+    def build_on(ops: Backend) -> Architecture:
+        with _refusing(path, f"the {arch_name} tensors do not match its metadata"):
+            arch = build(gguf, ops) if ops is not CPU else build(gguf)
+            probe(arch)
+        return arch
+
+    has_gpu_path = getattr(build, "has_gpu_path", False)
+    arch = build_on_device(device or DeviceRequest(), build_on, has_gpu_path, f"{path}: architecture {arch_name!r}")
     with _refusing(path, "unusable tokenizer metadata"):
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         bos = tokenizer.token_bytes(tokenizer.bos_id).decode("utf-8", "replace") if tokenizer.bos_id is not None else ""

@@ -126,7 +126,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     workgroupBarrier();
     if lid == 0u {
         // the CPU adds the group sums in f64 and takes (f32)(1 / sum): emulated exactly (f64.wgsl)
-        var sum = F64(vec2<u32>(0u), 0);
+        var sum = f64_zero();
         for (var g = g_first; g <= g_last; g++) {
             sum = f64_add(sum, f64_of(group_sums[(r * p.n_head + h) * (p.n_ctx / 8u + 1u) + g]));
         }

@@ -2,8 +2,9 @@
 // no f64): the MoE softmax and renormalisation sums (moe.wgsl) and the attention softmax's sum
 // (attention.wgsl), each rounded as the CPU rounds it, and `recip_f32`, the f32 nearest to 1/sum
 // as the CPU computes it (f32 quotients and roots: math.wgsl). A value is m * 2^e, m a 53-bit
-// integer (bit 52 set) or 0; m as (lo, hi).
+// integer (bit 52 set) or 0; m as (lo, hi). In fast numerics the same interface holds an f32 sum.
 
+//#if exact
 struct F64 {
     m: vec2<u32>,
     e: i32,
@@ -121,6 +122,10 @@ fn f64_of(v: f32) -> F64 {
     return normalize(vec2<u32>(m, 0u), e, false);
 }
 
+fn f64_zero() -> F64 {
+    return F64(vec2<u32>(0u), 0);
+}
+
 fn is_zero(a: F64) -> bool {
     return a.m.x == 0u && a.m.y == 0u;
 }
@@ -181,3 +186,29 @@ fn recip_f32(a: F64) -> f32 {
     let f = normalize(q, -108 - a.e, r.x != 0u || r.y != 0u);
     return f32_of(f);
 }
+//#else
+// Fast numerics: the same sums in the same order, accumulated in f32 by the adapter.
+struct F64 {
+    s: f32,
+}
+
+fn f64_zero() -> F64 {
+    return F64(0.0);
+}
+
+fn f64_of(v: f32) -> F64 {
+    return F64(v);
+}
+
+fn f64_add(a: F64, b: F64) -> F64 {
+    return F64(a.s + b.s);
+}
+
+fn f32_of(a: F64) -> f32 {
+    return a.s;
+}
+
+fn recip_f32(a: F64) -> f32 {
+    return 1.0 / a.s;
+}
+//#endif

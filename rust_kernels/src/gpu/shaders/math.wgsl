@@ -1,4 +1,9 @@
-// Scalar helpers shared by several kernels; they reproduce the CPU kernels' float operations.
+// Scalar helpers shared by several kernels. Two numerics modes, chosen when the device opens:
+// - `exact` (`//#if exact`): each helper reproduces the CPU kernels' float operation bit for bit,
+//   in integers where WGSL leaves the rounding to the adapter;
+// - fast (the `//#else` branches): the adapter's own `fma`, `/`, `sqrt`, `exp` and f16 packing.
+//   Still deterministic and batch-invariant: every kernel keeps its fixed order of operations, so
+//   a row's bits depend only on its inputs, never on its batch, its chunking or the run.
 
 // 1 where the adapter's `fma` is fused (one rounding), as the CPU's is; 0 where it rounds the
 // product first (Mesa's lavapipe does): then `fma_exact` computes the fused result in integers.
@@ -170,10 +175,14 @@ fn fma_soft(a: f32, b: f32, c: f32) -> f32 {
 
 // The CPU's fused multiply-add, bit for bit on every adapter.
 fn fma_exact(a: f32, b: f32, c: f32) -> f32 {
+//#if exact
     if FUSED_FMA != 0u {
         return fma(a, b, c);
     }
     return fma_soft(a, b, c);
+//#else
+    return fma(a, b, c);
+//#endif
 }
 
 // ---- Correctly rounded division, square root and f32 -> f16 conversion, in integers -----------
@@ -199,6 +208,7 @@ fn unpack_normalised(v: f32) -> Unpacked {
 
 // a / b rounded to nearest even (zeros, infinities and NaN: WGSL's `/`, exact for those)
 fn div_rn(a: f32, b: f32) -> f32 {
+//#if exact
     if !finite_nonzero(a) || !finite_nonzero(b) {
         return a / b;
     }
@@ -222,10 +232,14 @@ fn div_rn(a: f32, b: f32) -> f32 {
     }
     q = (q << 1u) | select(0u, 1u, r != 0u);
     return round_to_f32(vec2<u32>(0u, q), e - 26, x.neg != y.neg);
+//#else
+    return a / b;
+//#endif
 }
 
 // sqrt(v) rounded to nearest even (v <= 0, infinities and NaN: WGSL's `sqrt`)
 fn sqrt_rn(v: f32) -> f32 {
+//#if exact
     if !(v > 0.0) || !finite_nonzero(v) {
         return sqrt(v);
     }
@@ -251,6 +265,9 @@ fn sqrt_rn(v: f32) -> f32 {
     }
     let s = (root << 1u) | select(0u, 1u, rem != 0u);
     return round_to_f32(vec2<u32>(0u, s), (e - 26) / 2 - 1, false);
+//#else
+    return sqrt(v);
+//#endif
 }
 
 // The bits of the f16 nearest to v (ties to even, overflow to infinity, f16 subnormals kept): the
@@ -261,7 +278,11 @@ fn f16_bits(v: f32) -> u32 {
     // the rounding is f16(v); packing a value that is already an f16 is exact
     return pack2x16float(vec2<f32>(f32(f16(v)), 0.0)) & 0xffffu;
 //#else
+//#if exact
     return f16_bits_soft(v);
+//#else
+    return pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;
+//#endif
 //#endif
 }
 
@@ -311,7 +332,11 @@ fn to_f16(v: f32) -> f32 {
 
 // a * b rounded once, in integers (`fma_soft` with -0 added: the product's own sign survives)
 fn mul_soft(a: f32, b: f32) -> f32 {
+//#if exact
     return fma_soft(a, b, -0.0);
+//#else
+    return a * b;
+//#endif
 }
 
 // ggml's vectorised expf (ggml_v_expf), the one the CPU softmax and SiLU use: same constants,
@@ -322,6 +347,7 @@ fn mul_soft(a: f32, b: f32) -> f32 {
 // off the CPU on 0.7% of inputs with the hardware `fma` here. x·log2(e) is rounded to an integer
 // as ggml does, by adding 1.5·2^23 in the fused step and subtracting it again.
 fn expf_ggml(x: f32) -> f32 {
+//#if exact
     let r = bitcast<f32>(0x4b400000u);
     let z = fma_soft(x, bitcast<f32>(0x3fb8aa3bu), r);
     let n = z - r;
@@ -344,4 +370,7 @@ fn expf_ggml(x: f32) -> f32 {
         return mul_soft(s1, s1);
     }
     return mul_soft(fma_soft(s2, j, s2), s1);
+//#else
+    return exp(x);
+//#endif
 }

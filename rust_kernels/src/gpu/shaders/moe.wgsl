@@ -237,7 +237,7 @@ fn route(@builtin(global_invocation_id) g: vec3<u32>) {
     for (var e = 0u; e < n; e++) {
         mx = max(mx, logits[base + e]);
     }
-    var sum = F64(vec2<u32>(0u), 0);
+    var sum = f64_zero();
     let full = n / 8u * 8u;
     for (var e0 = 0u; e0 < full; e0 += 8u) {
         for (var i = 0u; i < 8u; i++) {
@@ -259,7 +259,7 @@ fn route(@builtin(global_invocation_id) g: vec3<u32>) {
     let k = p.k;
     var wsum = 0.0;
     if p.norm != 0u {
-        var s = F64(vec2<u32>(0u), 0);
+        var s = f64_zero();
         for (var j = 0u; j < k; j++) {
             s = f64_add(s, f64_of(pr[idx[j]]));
         }

@@ -7,6 +7,8 @@
 // CPU's f32 mean unless its f64 sum's rounding errors (< n * 2^-53 relative) straddle an f32
 // rounding point: about n * 2^-29 of rows (1e-6 for n = 640). Exact integer sums also make the
 // result independent of the thread count and of the compiler's float reassociation.
+// Fast numerics: each thread sums its strided squares in f32 with `fma`, the 64 partial sums are
+// joined in a fixed tree; the same order for every row, whatever its batch.
 // Needs math.wgsl (u64 helpers, round_to_f32).
 
 const LIMBS: u32 = 10u;
@@ -27,8 +29,12 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
+//#if exact
 var<workgroup> partial: array<u32, 640>;  // 64 threads x LIMBS
 var<workgroup> nonfinite: array<f32, 64>;  // the plain sum of inf/NaN squares (the CPU's result then)
+//#else
+var<workgroup> partial_f32: array<f32, 64>;
+//#endif
 var<workgroup> row_scale: f32;
 
 // acc += v << shift at limb `limb` (v < 2^32, shift < 32), carrying through the higher limbs
@@ -50,6 +56,7 @@ fn add_at(acc: ptr<function, array<u32, 10>>, limb: u32, v: u32, shift: u32) {
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wg.x + wg.y * p.groups_x;
+//#if exact
     var acc: array<u32, 10>;
     for (var l = 0u; l < LIMBS; l++) {
         acc[l] = 0u;
@@ -137,6 +144,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         row_scale = div_rn(1.0, sqrt_rn(mean + p.eps));
     }
+//#else
+    var acc = 0.0;
+    if row < p.rows {
+        for (var i = lid; i < p.n; i += 64u) {
+            let v = x[row * p.n + i];
+            acc = fma(v, v, acc);
+        }
+    }
+    partial_f32[lid] = acc;
+    workgroupBarrier();
+    for (var stride = 32u; stride > 0u; stride >>= 1u) {
+        if lid < stride {
+            partial_f32[lid] += partial_f32[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    if lid == 0u {
+        row_scale = 1.0 / sqrt(partial_f32[0] / f32(p.n) + p.eps);
+    }
+//#endif
     workgroupBarrier();
     if row >= p.rows {
         return;

@@ -5,6 +5,7 @@ are the same code for both (the device is a parameter, not a fork)."""
 
 from hyserve.model.backend.base import Backend
 from hyserve.model.backend.cpu import CPU, CpuBackend
-from hyserve.model.backend.select import DeviceError, open_backend
+from hyserve.model.backend.errors import DeviceError, GpuUnsupported
+from hyserve.model.backend.select import DeviceRequest, open_backend
 
-__all__ = ["CPU", "Backend", "CpuBackend", "DeviceError", "open_backend"]
+__all__ = ["CPU", "Backend", "CpuBackend", "DeviceError", "DeviceRequest", "GpuUnsupported", "open_backend"]

@@ -68,6 +68,9 @@ class GpuBackend(GpuRecurrentOps):
         return self.device.get_rows(m, tokens)
 
     def matmul(self, w: hk.GpuMatrix, x: hk.GpuTensor, cancel: hk.CancelFlag | None = None) -> hk.GpuTensor:
+        # `cancel` is not polled here: recording a dispatch returns at once and the device runs the
+        # work only at the forward's submit, so there is no long call to stop between row chunks.
+        # The model polls the flag between layers, before recording more (ForwardCancelled).
         return self.device.matmul(w, x)
 
     def matmul_many(

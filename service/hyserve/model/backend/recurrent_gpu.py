@@ -10,6 +10,8 @@ import hyserve_kernels as hk
 import hyserve_kernels._native as native
 import numpy as np
 
+from hyserve.model.backend.errors import GpuUnsupported
+
 
 class GpuRecurrentState:
     """One recurrent layer's conv and SSM/delta state (f32) in device memory."""
@@ -89,7 +91,7 @@ class GpuRecurrentOps:
     def rope_keeping(
         self, x: hk.GpuTensor, n_head: int, positions: hk.GpuTensor, n_rot: int, base: float, still: np.ndarray
     ) -> hk.GpuTensor:
-        raise ValueError("IMROPE sections that leave rotary pairs unrotated have no GPU kernel yet (use --device cpu)")
+        raise GpuUnsupported("IMROPE sections that leave rotary pairs unrotated have no GPU kernel yet")
 
     def gdn_gates(
         self, b: hk.GpuTensor, a: hk.GpuTensor, dt_bias: hk.GpuTensor, neg_a: hk.GpuTensor
