@@ -93,7 +93,7 @@ TOOL_LOOP = [
     ),
 ]
 # First words differ: on recurrent models two user messages that begin alike diverge inside the text,
-# where no checkpoint exists (see README: the shared words are processed again).
+# where no checkpoint exists (docs/prompt-cache.md: without kept inputs the shared words are processed again).
 QUESTIONS = [
     "Where does the server decide which slot a request goes to? Point me at the function.",
     "How are checkpoints evicted when the budget is exceeded? Summarise the order.",

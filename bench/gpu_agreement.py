@@ -79,7 +79,7 @@ def main() -> None:
     name = "gpu_agreement_matrix.json" if args.matrix else "gpu_agreement.json"
     (args.out / name).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
-    # the README's table, for a person reading the run
+    # the fidelity record's table (docs/fidelity.md), for a person reading the run
     print(f"adapter: {gpu.description}\n", file=sys.stderr)
     header = "| case | tokens | mean KL | top-1 | top-1 up to ties | bit-identical |\n|---|---|---|---|---|---|"
     print(header, file=sys.stderr)

@@ -1,6 +1,6 @@
 """Memory one replica needs: resident memory of a real `hyserve serve` process idle, and with every
 slot filled to nearly its context, for a few (slots, context) shapes. Gives the base (model + runtime)
-and the cost per slot per token, the numbers behind docker/k8s resource requests (README "Deploy").
+and the cost per slot per token, the numbers behind docker/k8s resource requests (docker/README.md, "Memory").
 
 Each shape starts a fresh server with `--cache-memory 0` (no prefix store, so only the slots grow),
 sends one prompt of `fill` tokens per slot at the same time (distinct first tokens: nothing shared),

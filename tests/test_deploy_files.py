@@ -82,7 +82,7 @@ def test_every_balancer_hashes_the_same_header_and_checks_readiness() -> None:
 
 
 def test_memory_limits_hold_the_measured_replica() -> None:
-    """limit >= base + 18 KiB per token of every slot's context + both byte budgets (README "Deploy")."""
+    """limit >= base + 18 KiB per token of every slot's context + both byte budgets (docker/README.md, "Memory")."""
     measured = json.loads((REPO / "bench" / "results" / "replica_memory_gemma3_270m.json").read_text())
     base_mib = max(s["idle_kib"]["VmRSS"] for s in measured["shapes"]) / 1024
     assert max(s["kib_per_token"] for s in measured["shapes"]) <= 18  # the KV size per token bounds the growth
