@@ -9,7 +9,9 @@ import pytest
 
 # Test helpers outside test modules: rewritten like test modules, so their asserts also hold under
 # `python -O -m pytest` (which would otherwise strip them).
-pytest.register_assert_rewrite("cache_ledger", "fixtures", "llama_oracle", "loopback", "server_process")
+pytest.register_assert_rewrite(
+    "cache_ledger", "chat_templates", "fake_model", "fixtures", "llama_oracle", "loopback", "server_process"
+)
 
 
 @pytest.fixture(scope="session")

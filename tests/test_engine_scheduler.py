@@ -1,9 +1,5 @@
-"""Scheduler policy, stop-string holdback, task lifecycle, and the engine loop over a fake model.
-
-No model file is needed: the engine tests run a tiny deterministic fake architecture whose next
-token depends on every token in the sequence's memory, so any mismatch between a slot's token list
-and its memory (invariant I1) changes the output.
-"""
+"""The engine loop over the fake model of fake_model.py: output equal to the reference, slot reuse,
+cancels of queued and running tasks, batching, failures, stop rules, stats and shutdown."""
 
 from __future__ import annotations
 
@@ -12,15 +8,13 @@ import threading
 import time
 from collections.abc import Sequence
 
-import numpy as np
 import pytest
-from hyserve_kernels import CancelFlag
+from fake_model import FakeArch, FakeMemory, FakeTokenizer, reference
 
 from hyserve.engine.engine import CancelOutcome, DuplicateTaskError, Engine, EngineConfig, SlotState
 from hyserve.engine.generator import StopRule
 from hyserve.engine.sampling import SamplingParams
-from hyserve.engine.scheduler import BatchItem, BoundedFifo, QueueFullError, SlotWork, compose_batch
-from hyserve.engine.stop import StopStringFilter
+from hyserve.engine.scheduler import QueueFullError
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -30,253 +24,8 @@ from hyserve.engine.task import (
     FinishReason,
     ReuseSource,
     Task,
-    Timings,
     Usage,
 )
-from hyserve.model.architectures.base import Architecture, ForwardCancelled, Logits, Segment
-from hyserve.model.memory import KVCache, SequenceMemory
-
-# --- compose_batch ---------------------------------------------------------------------------------
-
-
-def test_compose_batch_decodes_every_generating_slot_and_chunks_prompts() -> None:
-    work = [
-        SlotWork(0, decoding=True, admitted=1),
-        SlotWork(1, decoding=False, prompt_remaining=500, admitted=3),
-        SlotWork(2, decoding=True, admitted=2),
-        SlotWork(3, decoding=False, prompt_remaining=40, admitted=2),
-    ]
-    items = compose_batch(work, token_budget=128)
-    # decodes get one token each; the earlier admitted prompt (slot 3) is served first
-    assert items == [
-        BatchItem(0, 1, True),
-        BatchItem(1, 128 - 2 - 40, False),
-        BatchItem(2, 1, True),
-        BatchItem(3, 40, False),
-    ]
-    assert sum(i.n_tokens for i in items) == 128
-
-
-def test_compose_batch_prompt_processing_is_never_starved() -> None:
-    work = [SlotWork(i, decoding=True) for i in range(20)] + [SlotWork(20, False, prompt_remaining=100)]
-    items = compose_batch(work, token_budget=16)
-    assert [i for i in items if not i.decode] == [BatchItem(20, 2, False)]  # max(1, 16 // 8)
-    assert compose_batch([SlotWork(0, False, prompt_remaining=3)], token_budget=1) == [BatchItem(0, 1, False)]
-
-
-def test_compose_batch_only_prompts_and_empty() -> None:
-    assert compose_batch([SlotWork(0, False, prompt_remaining=10)], 128) == [BatchItem(0, 10, False)]
-    assert compose_batch([], 128) == []
-    with pytest.raises(ValueError):
-        compose_batch([], 0)
-
-
-# --- BoundedFifo -----------------------------------------------------------------------------------
-
-
-def test_bounded_fifo() -> None:
-    q: BoundedFifo[str] = BoundedFifo(2)
-    q.push("a")
-    q.push("b")
-    with pytest.raises(QueueFullError):
-        q.push("c")
-    assert q.remove("a") and not q.remove("a")
-    q.push("c")
-    assert list(q) == ["b", "c"] and q.pop() == "b" and len(q) == 1
-    assert q.drain() == ["c"] and len(q) == 0
-    with pytest.raises(QueueFullError):
-        BoundedFifo[int](0).push(1)
-
-
-# --- StopStringFilter ------------------------------------------------------------------------------
-
-
-def _run_filter(stops: Sequence[str], pieces: Sequence[str]) -> tuple[list[str], str | None, str]:
-    f = StopStringFilter(stops)
-    out, hit = [], None
-    for piece in pieces:
-        released, hit = f.push(piece)
-        out.append(released)
-        if hit is not None:
-            break
-    return out, hit, f.flush()
-
-
-def test_stop_filter_passes_text_through_without_stop_strings() -> None:
-    assert _run_filter([], ["ab", "c"]) == (["ab", "c"], None, "")
-
-
-def test_stop_filter_holds_back_a_possible_start_and_matches_across_pieces() -> None:
-    out, hit, rest = _run_filter(["END"], ["hello E", "N", "D more"])
-    assert out == ["hello ", "", ""] and hit == "END" and rest == ""
-
-
-def test_stop_filter_releases_a_false_start() -> None:
-    out, hit, rest = _run_filter(["END"], ["a E", "Nx", "y"])
-    assert out == ["a ", "ENx", "y"] and hit is None and rest == ""
-
-
-def test_stop_filter_flush_releases_held_text() -> None:
-    out, hit, rest = _run_filter(["\n\nuser:"], ["hi\n", "\n"])
-    assert out == ["hi", ""] and hit is None and rest == "\n\n"
-
-
-def test_stop_filter_earliest_match_wins() -> None:
-    out, hit, _ = _run_filter(["cd", "b"], ["abcd"])
-    assert out == ["a"] and hit == "b"
-    out, hit, _ = _run_filter(["bc", "bcd"], ["abcde"])
-    assert out == ["a"] and hit == "bcd"  # same start: the longer one
-
-
-def test_stop_filter_done_after_match() -> None:
-    f = StopStringFilter(["x"])
-    assert f.push("ax") == ("a", "x")
-    assert f.push("more") == ("", None) and f.flush() == ""
-
-
-# --- Task lifecycle --------------------------------------------------------------------------------
-
-
-def _task(task_id: str = "t", prompt: Sequence[int] = (1, 2, 3), **kw: object) -> tuple[Task, list[Event]]:
-    events: list[Event] = []
-    stop = kw.pop("stop", StopRule(max_tokens=4))
-    params = kw.pop("params", SamplingParams())
-    task = Task(id=task_id, prompt=tuple(prompt), params=params, stop=stop, sink=events.append, **kw)  # type: ignore[arg-type]
-    return task, events
-
-
-def _finished(reason: FinishReason = FinishReason.MAX_TOKENS) -> FinishedEvent:
-    return FinishedEvent(reason, Usage(), Timings())
-
-
-def test_task_ends_exactly_once_and_drops_later_events() -> None:
-    task, events = _task()
-    assert task.end(_finished())
-    assert not task.end(_finished(FinishReason.EOS))
-    assert not task.end(FailedEvent("late"))
-    task.emit(DeltaEvent((1,), "x"))
-    assert events == [_finished()]
-    assert task.ended and not task.request_cancel()
-
-
-def test_task_cancel_registered_before_the_end_wins() -> None:
-    task, events = _task()
-    assert task.request_cancel()
-    task.end(_finished(FinishReason.MAX_TOKENS))
-    assert isinstance(events[-1], FinishedEvent) and events[-1].reason is FinishReason.CANCELLED
-
-
-def test_task_needs_a_prompt_and_has_its_own_flag() -> None:
-    with pytest.raises(ValueError):
-        _task(prompt=())
-    a, _ = _task("a")
-    b, _ = _task("b")
-    a.request_cancel()
-    assert a.cancelled and not b.cancelled
-
-
-# --- the engine over a fake model ------------------------------------------------------------------
-
-VOCAB = 40
-EOG = 1
-
-
-class FakeMemory(SequenceMemory):
-    """Attention-like memory: the evaluated token ids live in a real 1 x 1 KV cache (f16 holds
-    them exactly), so truncation, export and load go through the production code."""
-
-    def __init__(self, n_ctx: int) -> None:
-        super().__init__(n_ctx, {0: KVCache(n_ctx, 1, 1)})
-
-    @property
-    def history(self) -> np.ndarray:
-        return self.kv[0].k[:, 0, 0]
-
-
-class FakeArch(Architecture):
-    """Next token = a hash of the whole evaluated sequence; logits are one-hot-ish."""
-
-    name = "fake"
-    n_vocab = VOCAB
-    n_ctx_train = 4096
-
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = threading.Event()
-        self.fail_next = False
-        self.delay = 0.0  # seconds per forward call
-        self.honor_cancel = False  # True: stop mid-forward on the task's flag, like the real model
-        self.calls: list[list[tuple[int, int]]] = []
-
-    def new_memory(self, n_ctx: int) -> SequenceMemory:
-        return FakeMemory(n_ctx)
-
-    @staticmethod
-    def next_token(seq: Sequence[int]) -> int:
-        h = 0
-        for i, t in enumerate(seq):
-            h = (h * 31 + (i + 1) * (int(t) + 7)) % 1_000_003
-        return 2 + h % (VOCAB - 2)  # never EOG
-
-    def _forward(self, segments: Sequence[Segment], cancel: CancelFlag | None = None) -> list[np.ndarray | None]:
-        self.entered.set()
-        self.gate.wait(10)
-        time.sleep(self.delay)
-        if self.honor_cancel and cancel is not None and cancel.is_set():
-            raise ForwardCancelled  # as the real model does at its next layer boundary
-        self.calls.append([(id(s.memory), len(s.tokens)) for s in segments])
-        if self.fail_next:
-            self.fail_next = False
-            raise RuntimeError("boom")
-        for s in segments:
-            s.memory.check_room(len(s.tokens))
-        out: list[np.ndarray | None] = []
-        for s in segments:
-            mem = s.memory
-            assert isinstance(mem, FakeMemory)
-            n = mem.n_tokens
-            mem.history[n : n + len(s.tokens)] = s.tokens
-            rows = []
-            for j in range(len(s.tokens)):
-                logits = np.zeros(VOCAB, dtype=np.float32)
-                logits[self.next_token(mem.history[: n + j + 1])] = 5.0
-                rows.append(logits)
-            if s.logits is Logits.ALL:
-                out.append(np.stack(rows))
-            elif s.logits is Logits.LAST:
-                out.append(rows[-1])
-            else:
-                out.append(None)
-        for s in segments:
-            s.memory.n_tokens += len(s.tokens)
-        return out
-
-
-class FakeDecoder:
-    def push(self, token_id: int) -> str:
-        return chr(ord("a") + token_id % 26)
-
-    def flush(self) -> str:
-        return ""
-
-
-class FakeTokenizer:
-    vocab_size = VOCAB
-    eog_ids = frozenset({EOG})
-
-    def incremental_decoder(self, skip_special: bool = False) -> FakeDecoder:
-        return FakeDecoder()
-
-    def is_eog(self, token_id: int) -> bool:
-        return token_id in self.eog_ids
-
-
-def reference(prompt: Sequence[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(FakeArch.next_token(seq))
-    return seq[len(prompt) :]
 
 
 class Collector:

@@ -1,13 +1,13 @@
 """TaskRun's bounded event queue: a consumer that stops reading gets its task cancelled (the slot
 goes to the next task) and a StreamStalledError; one that reads gets every event. The real engine
-thread runs over the fake architecture of test_engine_scheduler (no model file)."""
+thread runs over the fake architecture of fake_model.py (no model file)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from test_engine_scheduler import FakeArch, FakeTokenizer
+from fake_model import FakeArch, FakeTokenizer
 
 from hyserve.api.tasks import StreamStalledError, TaskRun
 from hyserve.api.validation import PreparedRequest

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import make_models
 
 from hyserve.engine.engine import Engine, EngineConfig
 from hyserve.engine.generator import StopRule
@@ -17,8 +18,6 @@ from hyserve.engine.invariants import InvariantChecker
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.task import Event, FinishedEvent, Task
 from hyserve.model.loader import LoadedModel, load_model
-
-make_models = pytest.importorskip("fixtures.make_models")
 
 PROMPT = [int(t) for t in np.random.default_rng(1).integers(10, 400, size=50)]
 

@@ -24,12 +24,11 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures import make_models
 
 from .checks import Figures, problems, reference_mismatches, sample_outputs
 from .server import SoakServer
 from .traffic import Outcome, Worker
-
-make_models = pytest.importorskip("fixtures.make_models")
 
 pytestmark = pytest.mark.soak
 
