@@ -53,6 +53,22 @@ class Collector:
                 return event
 
 
+class PausingCollector(Collector):
+    """Closes the fake model's gate as the engine thread sends the task's first token: the engine's
+    next forward then waits there until the test opens it, however fast or slow the test is."""
+
+    def __init__(self, arch: FakeArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.paused = False
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, DeltaEvent) and not self.paused:
+            self.paused = True
+            self.arch.gate.clear()
+        super().__call__(event)
+
+
 def tokens_of(events: Sequence[Event]) -> list[int]:
     return [t for e in events if isinstance(e, DeltaEvent) for t in e.token_ids]
 
@@ -85,8 +101,15 @@ def make_engine(arch: FakeArch):  # -> Callable[..., Engine]
         engine.shutdown()
 
 
-def submit(engine: Engine, task_id: str, prompt: Sequence[int], max_tokens: int = 5, **kw: object) -> Collector:
-    sink = Collector()
+def submit(
+    engine: Engine,
+    task_id: str,
+    prompt: Sequence[int],
+    max_tokens: int = 5,
+    sink: Collector | None = None,
+    **kw: object,
+) -> Collector:
+    sink = sink or Collector()
     stop = kw.pop("stop", StopRule(max_tokens=max_tokens))
     task = Task(id=task_id, prompt=tuple(prompt), params=SamplingParams(), stop=stop, sink=sink, **kw)  # type: ignore[arg-type]
     engine.submit(task)
@@ -167,11 +190,11 @@ def test_engine_cancel_of_a_queued_task_touches_nothing_else(make_engine, arch: 
 
 def test_engine_cancel_of_a_running_task_stops_it_and_the_slot_keeps_its_prefix(make_engine, arch: FakeArch) -> None:
     engine = make_engine()
-    arch.delay = 0.01
-    a = submit(engine, "a", PROMPT, max_tokens=50)
+    a = submit(engine, "a", PROMPT, max_tokens=50, sink=PausingCollector(arch))
     b = submit(engine, "b", [5, 6, 7], max_tokens=3)
     a.wait_for(DeltaEvent)
     assert engine.cancel("a") is CancelOutcome.CANCELLED
+    arch.gate.set()  # the forward that waited commits its token; then the engine sees the cancel
     a_events = a.wait_end()
     fin = finished_of(a_events)
     assert fin.reason is FinishReason.CANCELLED and 1 <= fin.usage.completion_tokens < 50
@@ -321,8 +344,16 @@ def test_engine_shutdown_cancels_everything(make_engine, arch: FakeArch) -> None
     a = submit(engine, "a", PROMPT, max_tokens=50)
     assert arch.entered.wait(5)
     b = submit(engine, "b", PROMPT)
-    threading.Timer(0.2, arch.gate.set).start()
-    engine.shutdown()
+    stopping = threading.Thread(target=engine.shutdown)
+    stopping.start()
+    # the forward a waits in is let go only once the shutdown has flagged a
+    deadline = time.monotonic() + 10
+    while not a.task.cancelled:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the shutdown never cancelled the running task"
+        time.sleep(0.01)
+    arch.gate.set()
+    stopping.join(30)
+    assert not stopping.is_alive()
     assert finished_of(a.wait_end()).reason is FinishReason.CANCELLED
     assert finished_of(b.wait_end()).reason is FinishReason.CANCELLED
     with pytest.raises(Exception, match="shutting down"):
