@@ -7,11 +7,12 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2};
 use pyo3::prelude::*;
 
+use super::device::GpuDevice;
+use super::tensor::{Dtype, GpuTensor};
 use crate::gpu::moe::{GpuMoe, GpuRoutes};
 use crate::gpu::Gpu;
-use crate::gpu_py::{Dtype, GpuDevice, GpuTensor};
-use crate::moe_py::MoeFfn;
-use crate::value_error;
+use crate::py::common::value_error;
+use crate::py::moe::MoeFfn;
 
 /// A mixture-of-experts FFN whose weights live on a `GpuDevice`, computed as `MoeFfn` computes it.
 #[pyclass(frozen, module = "hyserve_kernels")]

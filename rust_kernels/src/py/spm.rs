@@ -7,9 +7,9 @@ use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+use super::common::{contiguous, value_error};
 use crate::spm::SpmVocab as Vocab;
 use crate::token_table::TokenTable;
-use crate::{contiguous, value_error};
 
 /// A vocabulary's text -> id lookup: `TokenIndex(tokens, "".join(tokens))` (one UTF-8 conversion
 /// instead of one per token). A repeated text keeps its first id; `distinct` counts the texts.

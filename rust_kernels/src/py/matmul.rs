@@ -1,9 +1,10 @@
 //! Python binding of the weight matrices (`QMatrix`, read in place from the GGUF map) and of the
 //! kernels that read them whole: `matmul`, `matmul_many` (`matmul.rs`) and `get_rows` (`ops.rs`).
 
+use super::common::{contiguous, value_error, CancelFlag, Cancelled};
 use crate::matmul::{self, Weight};
 use crate::quant::GgmlType;
-use crate::{contiguous, ops, threads, value_error, CancelFlag, Cancelled};
+use crate::{ops, threads};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
+use super::device::GpuDevice;
 use crate::gpu::Gpu;
-use crate::gpu_py::GpuDevice;
-use crate::value_error;
+use crate::py::common::value_error;
 
 /// Times every dispatch of a device with timestamp queries while started (each submission then
 /// waits for its timestamps: for profiling only, not for serving).

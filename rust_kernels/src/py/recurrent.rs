@@ -1,7 +1,8 @@
 //! Python binding of the recurrent layers (Gated DeltaNet, Mamba2): kernels and layouts in
 //! `recurrent/`.
 
-use crate::{contiguous, recurrent, threads, value_error};
+use super::common::{contiguous, value_error};
+use crate::{recurrent, threads};
 use numpy::ndarray::{Array2, Array3};
 use numpy::{
     IntoPyArray, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,

@@ -1,7 +1,8 @@
 //! Python binding of the per-row kernels: RMSNorm, RoPE, activations (`ops.rs`) and attention over
 //! the f16 KV caches (`attention.rs`).
 
-use crate::{attention, contiguous, ops, threads, value_error};
+use super::common::{contiguous, value_error};
+use crate::{attention, ops, threads};
 use numpy::ndarray::{Array1, Array2, Array3};
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2,

@@ -5,7 +5,7 @@ use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
-use crate::{contiguous, value_error};
+use super::common::{contiguous, value_error};
 
 /// `count` strings (u64 little-endian byte length, then the bytes) starting at byte `pos` of
 /// `buf`: returns the list and the position after the last one. ValueError names the offset of a

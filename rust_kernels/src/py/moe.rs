@@ -1,7 +1,9 @@
 //! Python binding of the MoE FFN (`moe.rs`): one `MoeFfn` per layer holds its weight matrices.
 
+use super::common::{contiguous, value_error, CancelFlag, Cancelled};
+use super::matmul::QMatrix;
 use crate::moe::{moe_forward, route_rows, Experts, Moe, Routing, SharedExpert};
-use crate::{contiguous, threads, value_error, CancelFlag, Cancelled, QMatrix};
+use crate::threads;
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;

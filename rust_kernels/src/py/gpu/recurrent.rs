@@ -7,10 +7,11 @@ use std::sync::Arc;
 use numpy::{PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
+use super::device::GpuDevice;
+use super::tensor::{Dtype, GpuTensor};
 use crate::gpu::ops::{self, CopySpec};
 use crate::gpu::recurrent::{self, Conv, DeltaRule, Mamba2};
-use crate::gpu_py::{Dtype, GpuDevice, GpuTensor};
-use crate::value_error;
+use crate::py::common::value_error;
 
 fn f32_tensor(buf: crate::gpu::GpuBuffer, shape: Vec<usize>) -> GpuTensor {
     GpuTensor::new(buf, Dtype::F32, shape)

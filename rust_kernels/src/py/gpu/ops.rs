@@ -1,0 +1,305 @@
+//! `GpuDevice`'s ops: matmul, row lookup, RMSNorm, RoPE, element-wise and gated units, row and
+//! column copies.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use super::device::GpuDevice;
+use super::tensor::{Dtype, GpuMatrix, GpuTensor};
+use crate::gpu::ops::{self, CopySpec, Elementwise, Rope};
+use crate::gpu::GpuBuffer;
+use crate::py::common::value_error;
+
+impl GpuDevice {
+    /// cos/sin of every rotated pair at every position, computed on the host by the CPU kernel's
+    /// own function (a shader's sin/cos differ from libm's in the last bits; the angles are few,
+    /// the rotations many). One table per RoPE setting, kept with the positions.
+    fn rope_table(
+        &self,
+        positions: &GpuTensor,
+        n_rot: usize,
+        base: f32,
+        freq_scale: f32,
+    ) -> PyResult<Arc<GpuBuffer>> {
+        let Some(ids) = &positions.host_ids else {
+            return Err(value_error(
+                "rope's positions must be a tensor made by ids()",
+            ));
+        };
+        let key = (n_rot, base.to_bits(), freq_scale.to_bits());
+        let mut tables = ids.rope_tables.lock().unwrap();
+        let table = tables.entry(key).or_insert_with(|| {
+            let mut table: Vec<f32> = Vec::with_capacity(ids.values.len() * n_rot);
+            for &p in &ids.values {
+                for (c, s) in crate::ops::rope_angles(p as f32, n_rot, base, freq_scale) {
+                    table.extend([c, s]);
+                }
+            }
+            Arc::new(self.gpu.upload(bytemuck::cast_slice(&table)))
+        });
+        Ok(table.clone())
+    }
+
+    fn elementwise(
+        &self,
+        op: Elementwise,
+        dst: &GpuTensor,
+        a: Option<&GpuTensor>,
+        m: usize,
+        s: f32,
+    ) -> PyResult<()> {
+        if let Some(a) = a {
+            let need = if matches!(op, Elementwise::AddRow) {
+                m
+            } else {
+                dst.size()
+            };
+            if a.size() != need {
+                return Err(value_error(format!(
+                    "{op:?}: shapes {:?} and {:?} do not match",
+                    dst.shape, a.shape
+                )));
+            }
+        }
+        ops::elementwise(
+            &self.gpu,
+            op,
+            &dst.buf,
+            a.map(|t| &*t.buf),
+            None,
+            dst.size(),
+            m,
+            s,
+        );
+        Ok(())
+    }
+    fn gated(&self, op: Elementwise, gate: &GpuTensor, up: &GpuTensor) -> PyResult<GpuTensor> {
+        if gate.shape != up.shape {
+            return Err(value_error(format!(
+                "{op:?}: shapes {:?} and {:?} differ",
+                gate.shape, up.shape
+            )));
+        }
+        let out = self.gpu.alloc((gate.size() * 4) as u64);
+        ops::elementwise(
+            &self.gpu,
+            op,
+            &out,
+            Some(&gate.buf),
+            Some(&up.buf),
+            gate.size(),
+            0,
+            0.0,
+        );
+        Ok(self.tensor_of(out, gate.shape.clone()))
+    }
+}
+
+#[pymethods]
+impl GpuDevice {
+    /// `x` (n × cols, or any shape whose last dim is cols) times the weight: n × rows.
+    fn matmul(&self, w: PyRef<'_, GpuMatrix>, x: PyRef<'_, GpuTensor>) -> PyResult<GpuTensor> {
+        Ok(self.matmul_many(vec![w], x)?.pop().unwrap())
+    }
+
+    /// `x` times each weight; the activations are quantized once per weight format family.
+    fn matmul_many(
+        &self,
+        ws: Vec<PyRef<'_, GpuMatrix>>,
+        x: PyRef<'_, GpuTensor>,
+    ) -> PyResult<Vec<GpuTensor>> {
+        self.check(&x, Dtype::F32, "matmul's input")?;
+        let (n, cols) = x.rows_cols();
+        let mut quantized: Vec<ops::QuantizedAct> = Vec::new();
+        let mut out = Vec::with_capacity(ws.len());
+        for w in &ws {
+            if cols != w.cols {
+                return Err(value_error(format!(
+                    "matmul: input rows of {cols}, weight rows of {}",
+                    w.cols
+                )));
+            }
+            let kind = ops::act_kind(w.ggml_type);
+            let at = match quantized.iter().position(|q| q.kind == kind) {
+                Some(i) => i,
+                None => {
+                    quantized.push(ops::quantize_act(&self.gpu, &x.buf, n, cols, kind));
+                    quantized.len() - 1
+                }
+            };
+            out.push(self.tensor_of(
+                ops::matmul(&self.gpu, &w.w, &quantized[at]),
+                vec![n, w.rows],
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Dequantized rows `ids` of the weight: n × cols.
+    fn get_rows(&self, w: PyRef<'_, GpuMatrix>, ids: PyRef<'_, GpuTensor>) -> PyResult<GpuTensor> {
+        self.check(&ids, Dtype::I32, "get_rows' ids")?;
+        let n = ids.size();
+        Ok(self.tensor_of(ops::get_rows(&self.gpu, &w.w, &ids.buf, n), vec![n, w.cols]))
+    }
+
+    /// RMSNorm over groups of `n` consecutive values (n = the weight's length when given).
+    #[pyo3(signature = (x, weight, eps, n=None))]
+    fn rms_norm(
+        &self,
+        x: PyRef<'_, GpuTensor>,
+        weight: Option<PyRef<'_, GpuTensor>>,
+        eps: f32,
+        n: Option<usize>,
+    ) -> PyResult<GpuTensor> {
+        let n = n
+            .or(weight.as_ref().map(|w| w.size()))
+            .unwrap_or(*x.shape.last().unwrap_or(&1));
+        if n == 0 || !x.size().is_multiple_of(n) {
+            return Err(value_error(format!(
+                "rms_norm: {:?} is not rows of {n}",
+                x.shape
+            )));
+        }
+        if n >= 1 << 16 {
+            // norm.wgsl divides the exact sum by n in 16-bit steps
+            return Err(value_error(format!(
+                "rms_norm: rows of {n} elements (at most 65535 on the GPU)"
+            )));
+        }
+        let out = ops::rms_norm(
+            &self.gpu,
+            &x.buf,
+            x.size() / n,
+            n,
+            weight.as_ref().map(|w| &*w.buf),
+            eps,
+        );
+        Ok(self.tensor_of(out, x.shape.clone()))
+    }
+
+    /// RoPE in place; x is rows × (n_head·head_dim), positions one i32 per row.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (x, n_head, positions, n_rot, base, freq_scale, neox))]
+    fn rope(
+        &self,
+        x: PyRef<'_, GpuTensor>,
+        n_head: usize,
+        positions: PyRef<'_, GpuTensor>,
+        n_rot: usize,
+        base: f32,
+        freq_scale: f32,
+        neox: bool,
+    ) -> PyResult<()> {
+        self.check(&positions, Dtype::I32, "rope's positions")?;
+        let rows = positions.size();
+        if rows == 0 || !x.size().is_multiple_of(rows * n_head) {
+            return Err(value_error(format!(
+                "rope: {:?} is not {rows} rows of {n_head} heads",
+                x.shape
+            )));
+        }
+        let head_dim = x.size() / rows / n_head;
+        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
+            return Err(value_error(format!(
+                "rope: n_rot {n_rot} must be even and <= head_dim {head_dim}"
+            )));
+        }
+        let r = Rope {
+            n_head,
+            head_dim,
+            n_rot,
+            neox,
+        };
+        let table = self.rope_table(&positions, n_rot, base, freq_scale)?;
+        ops::rope(&self.gpu, &x.buf, rows, &table, &r);
+        Ok(())
+    }
+
+    /// dst += a
+    fn add(&self, dst: PyRef<'_, GpuTensor>, a: PyRef<'_, GpuTensor>) -> PyResult<()> {
+        self.elementwise(Elementwise::Add, &dst, Some(&a), 0, 0.0)
+    }
+
+    /// dst *= a
+    fn mul(&self, dst: PyRef<'_, GpuTensor>, a: PyRef<'_, GpuTensor>) -> PyResult<()> {
+        self.elementwise(Elementwise::Mul, &dst, Some(&a), 0, 0.0)
+    }
+
+    /// dst *= s
+    fn scale(&self, dst: PyRef<'_, GpuTensor>, s: f32) -> PyResult<()> {
+        self.elementwise(Elementwise::Scale, &dst, None, 0, s)
+    }
+
+    /// dst[r, :] += a for every row r (a bias)
+    fn add_row(&self, dst: PyRef<'_, GpuTensor>, a: PyRef<'_, GpuTensor>) -> PyResult<()> {
+        let m = a.size();
+        if m == 0 || !dst.size().is_multiple_of(m) {
+            return Err(value_error(format!(
+                "add_row: {:?} is not rows of {m}",
+                dst.shape
+            )));
+        }
+        self.elementwise(Elementwise::AddRow, &dst, Some(&a), m, 0.0)
+    }
+
+    /// dst = s · tanh(dst / s)
+    fn softcap(&self, dst: PyRef<'_, GpuTensor>, s: f32) -> PyResult<()> {
+        self.elementwise(Elementwise::Softcap, &dst, None, 0, s)
+    }
+
+    /// dst = silu(dst)
+    fn silu(&self, dst: PyRef<'_, GpuTensor>) -> PyResult<()> {
+        self.elementwise(Elementwise::Silu, &dst, None, 0, 0.0)
+    }
+
+    /// gelu(gate) · up
+    fn geglu(&self, gate: PyRef<'_, GpuTensor>, up: PyRef<'_, GpuTensor>) -> PyResult<GpuTensor> {
+        self.gated(Elementwise::Geglu, &gate, &up)
+    }
+
+    /// silu(gate) · up
+    fn swiglu(&self, gate: PyRef<'_, GpuTensor>, up: PyRef<'_, GpuTensor>) -> PyResult<GpuTensor> {
+        self.gated(Elementwise::Swiglu, &gate, &up)
+    }
+
+    /// Rows `ids` (i32, one per output row) of a 2-D tensor.
+    fn take_rows(&self, x: PyRef<'_, GpuTensor>, ids: PyRef<'_, GpuTensor>) -> PyResult<GpuTensor> {
+        self.check(&ids, Dtype::I32, "take_rows' ids")?;
+        let (_, cols) = x.rows_cols();
+        let n = ids.size();
+        let out = self.gpu.alloc((n * cols * 4) as u64);
+        let spec = CopySpec {
+            rows: n,
+            cols,
+            src_stride: cols,
+            src_col0: 0,
+            dst_stride: cols,
+            dst_col0: 0,
+        };
+        ops::copy(&self.gpu, &x.buf, Some(&ids.buf), &out, &spec);
+        Ok(self.tensor_of(out, vec![n, cols]))
+    }
+
+    /// Columns start..start+width of every row of a 2-D tensor, as a new tensor.
+    fn columns(&self, x: PyRef<'_, GpuTensor>, start: usize, width: usize) -> PyResult<GpuTensor> {
+        let (rows, cols) = x.rows_cols();
+        if start + width > cols {
+            return Err(value_error(format!(
+                "columns {start}..{} of rows of {cols}",
+                start + width
+            )));
+        }
+        let out = self.gpu.alloc((rows * width * 4) as u64);
+        let spec = CopySpec {
+            rows,
+            cols: width,
+            src_stride: cols,
+            src_col0: start,
+            dst_stride: width,
+            dst_col0: 0,
+        };
+        ops::copy(&self.gpu, &x.buf, None, &out, &spec);
+        Ok(self.tensor_of(out, vec![rows, width]))
+    }
+}
