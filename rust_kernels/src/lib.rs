@@ -13,6 +13,7 @@ mod py;
 pub mod quant;
 pub mod recurrent;
 pub mod simd;
+pub mod simd_math;
 pub mod spm;
 pub mod threads;
 pub mod token_table;

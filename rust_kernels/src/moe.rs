@@ -13,10 +13,10 @@
 //! Every product is one full-row dot of one activation row, and the sums run in a fixed per-row
 //! order, so a row's result never depends on the other rows in the batch.
 
-use crate::attention::{expf_ggml, hsum8};
 use crate::cancel::Flag;
 use crate::matmul::{matmul_many, Weight};
 use crate::ops::swiglu;
+use crate::simd_math::{expf_ggml, hsum8};
 use rayon::prelude::*;
 
 /// One view into a 3-D expert tensor stored as `n_expert` blocks of `stride` rows: rows

@@ -182,7 +182,7 @@ pub fn gelu(x: f32) -> f32 {
 /// SiLU as ggml's vectorised CPU path computes it: `x / (1 + exp(-x))` with ggml's exp.
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + crate::attention::expf_ggml(-x))
+    x / (1.0 + crate::simd_math::expf_ggml(-x))
 }
 
 #[inline(always)]
@@ -199,63 +199,12 @@ fn silu_body(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `silu` eight lanes at a time: `expf_ggml` (ggml's `ggml_v_expf`) as AVX2 intrinsics, with the
-/// same operations per lane as the scalar function, so the same bits.
+/// `silu` eight lanes at a time with `simd_math::expf8` (ggml's `ggml_v_expf` as AVX2 intrinsics),
+/// the same operations per lane as the scalar function, so the same bits.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
+    use crate::simd_math::expf8;
     use std::arch::x86_64::*;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn c(bits: u32) -> __m256 {
-        _mm256_set1_ps(f32::from_bits(bits))
-    }
-
-    /// `attention::expf_ggml` per lane.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn expf8(x: __m256) -> __m256 {
-        let r = c(0x4b40_0000);
-        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
-        let n = _mm256_sub_ps(z, r);
-        let neg_n = _mm256_xor_ps(n, _mm256_set1_ps(-0.0));
-        let b = _mm256_fmadd_ps(
-            neg_n,
-            c(0x35bf_be8e),
-            _mm256_fmadd_ps(neg_n, c(0x3f31_7200), x),
-        );
-        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
-        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f80_0000)));
-        let u = _mm256_mul_ps(b, b);
-        let j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(
-                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
-                u,
-                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
-            ),
-            u,
-            _mm256_mul_ps(c(0x3f7f_fff6), b),
-        );
-        let fast = _mm256_fmadd_ps(j, k, k);
-        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
-        let is_fast = _mm256_cmp_ps::<_CMP_LE_OQ>(abs_n, _mm256_set1_ps(126.0));
-        if _mm256_movemask_ps(is_fast) == 0xff {
-            return fast;
-        }
-        let g = _mm256_and_si256(
-            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
-            _mm256_set1_epi32(0x8200_0000u32 as i32),
-        );
-        let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
-        let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
-        let big = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
-        let slow = _mm256_blendv_ps(
-            _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1),
-            _mm256_mul_ps(s1, s1),
-            big,
-        );
-        _mm256_blendv_ps(slow, fast, is_fast)
-    }
 
     /// `sums_of_squares` of 8 equal-length rows with the same operations per row: squares of 4
     /// elements of each row (f32 products), transposed so that a 4-lane f64 register holds 4 rows'

@@ -30,12 +30,12 @@ pub unsafe fn scores<const G: usize, const N: usize>(
             for i in 8 * (n / 8)..n {
                 lanes[i % 8] += q[i] * super::f16_to_f32(k[i]);
             }
-            super::hsum8(&lanes)
+            crate::simd_math::hsum8(&lanes)
         })
     })
 }
 
-/// `softmax` with the exp (`ops::avx2::expf8`, the scalar `expf_ggml`'s operations per lane)
+/// `softmax` with the exp (`simd_math::expf8`, the scalar `expf_ggml`'s operations per lane)
 /// and the f16 rounding (F16C, round to nearest even like `half`) 8 scores at a time.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -46,10 +46,10 @@ pub unsafe fn softmax(p: &mut [f32], first: usize, last: usize) {
     let vmax = _mm256_set1_ps(max);
     for i in (0..n8).step_by(8) {
         let x = _mm256_sub_ps(_mm256_loadu_ps(p.as_ptr().add(i)), vmax);
-        _mm256_storeu_ps(p.as_mut_ptr().add(i), crate::ops::avx2::expf8(x));
+        _mm256_storeu_ps(p.as_mut_ptr().add(i), crate::simd_math::expf8(x));
     }
     for x in &mut p[n8..] {
-        *x = super::expf_ggml(*x - max);
+        *x = crate::simd_math::expf_ggml(*x - max);
     }
     let scale = (1.0 / super::group_sum(p, first, last)) as f32;
     let vscale = _mm256_set1_ps(scale);

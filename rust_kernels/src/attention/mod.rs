@@ -14,6 +14,7 @@
 //! Products of two f16 values are exact in f32, so a lane-emulating scalar loop gives the same bits
 //! as the AVX2 loop: both paths produce identical results.
 
+use crate::simd_math::{expf_ggml, hsum8};
 use half::f16;
 use rayon::prelude::*;
 
@@ -29,49 +30,9 @@ pub struct AttentionShape {
     pub kq_scale: f32,
 }
 
-/// The 8-lane horizontal sum used by ggml/tinyBLAS on x86: ((x0+x4)+(x2+x6)) + ((x1+x5)+(x3+x7)).
-#[inline(always)]
-pub(crate) fn hsum8(x: &[f32; 8]) -> f32 {
-    let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
-    (t[0] + t[2]) + (t[1] + t[3])
-}
-
 #[inline(always)]
 fn f16_to_f32(bits: u16) -> f32 {
     f16::from_bits(bits).to_f32()
-}
-
-/// ggml's AVX2 `ggml_v_expf` evaluated lane by lane (same constants, same fused operations).
-#[inline(always)]
-pub(crate) fn expf_ggml(x: f32) -> f32 {
-    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
-    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
-    let n = z - r;
-    let b = (-n).mul_add(
-        f32::from_bits(0x35bf_be8e),
-        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
-    );
-    let e = z.to_bits() << 23;
-    let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
-    let u = b * b;
-    let j = f32::from_bits(0x3c07_2010)
-        .mul_add(b, f32::from_bits(0x3d2b_9f17))
-        .mul_add(
-            u,
-            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
-        )
-        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
-    if n.abs() <= 126.0 {
-        return j.mul_add(k, k);
-    }
-    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
-    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
-    let s2 = f32::from_bits(e.wrapping_sub(g));
-    if n.abs() > 192.0 {
-        s1 * s1
-    } else {
-        s2.mul_add(j, s2) * s1
-    }
 }
 
 /// Scores of N keys for G query heads: `out[g][n]` sums `qs[g]·ks[n]` in 8 lanes over head dims
@@ -437,21 +398,4 @@ fn run<const G: usize, const N: usize>(use_avx2: bool, q: &[f32], s: &AttentionS
     }
     let _ = use_avx2;
     heads::<false, G, N>(&mut rows, k, v);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::expf_ggml;
-
-    #[test]
-    fn exp_matches_libm_closely() {
-        for i in -2000..=0 {
-            let x = i as f32 * 0.05;
-            let (got, want) = (expf_ggml(x), x.exp());
-            assert!(
-                (got - want).abs() <= want * 4e-7 + 1e-38,
-                "exp({x}) = {got}, libm {want}"
-            );
-        }
-    }
 }

@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use super::adapter::{self, describe, AdapterChoice};
+use super::adapter::describe;
 use super::features::{self, ShaderFeatures};
-use super::Numerics;
+use super::profile::Profiler;
 use super::recorder::Recorder;
+use super::Numerics;
 
 /// Access of one binding of a kernel, in binding order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,25 +28,10 @@ pub struct Kernel {
     pub bindings: &'static [(u32, Access)],
 }
 
-static FMA_PROBE: Kernel = Kernel {
-    name: "fma_probe",
-    sources: &[
-        "@group(0) @binding(0) var<storage, read_write> v: array<f32>;
-@group(0) @binding(1) var<uniform> unused: vec4<u32>;
-@compute @workgroup_size(1)
-fn main() {
-    v[3] = fma(v[0], v[1], v[2]) + f32(unused.x);
-}
-",
-    ],
-    entry: "main",
-    bindings: &[(0, Access::ReadWrite), (1, Access::Uniform)],
-};
-
 /// Pipelines by kernel name, then by override constants (a short list, searched without allocating).
 type PipelineCache = HashMap<&'static str, Vec<(Vec<(&'static str, u32)>, Arc<Pipeline>)>>;
 
-struct Pipeline {
+pub(super) struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
 }
@@ -82,91 +68,29 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
-    binding_limit: u64,
-    lanes: u32,
-    pipelines: Mutex<PipelineCache>,
+    pub(super) binding_limit: u64,
+    pub(super) lanes: u32,
+    pub(super) pipelines: Mutex<PipelineCache>,
     /// the pending encoder, its open pass and the dispatches' parameters
-    recorder: Mutex<Recorder>,
+    pub(super) recorder: Mutex<Recorder>,
     /// the adapter's alignment of uniform binding offsets
-    uniform_align: u64,
+    pub(super) uniform_align: u64,
     /// timestamp queries per dispatch while profiling (profile.rs)
-    pub(crate) profiler: Mutex<Option<super::profile::Profiler>>,
-    pool: Pool,
+    pub(crate) profiler: Mutex<Option<Profiler>>,
+    pub(super) pool: Pool,
     /// whether the adapter's WGSL `fma` rounds once (math.wgsl's FUSED_FMA)
-    fused_fma: bool,
+    pub(super) fused_fma: bool,
     /// the optional features the shaders use (features.rs)
-    features: ShaderFeatures,
+    pub(super) features: ShaderFeatures,
     /// the shaders' float operations (numerics.rs)
-    numerics: Numerics,
+    pub(super) numerics: Numerics,
     /// read-only tables uploaded once per device (by name)
-    constants: Mutex<HashMap<&'static str, Arc<GpuBuffer>>>,
+    pub(super) constants: Mutex<HashMap<&'static str, Arc<GpuBuffer>>>,
     /// bound where a kernel declares a binding that an operation does not use
     pub dummy: wgpu::Buffer,
 }
 
 impl Gpu {
-    /// Opens the best adapter that fits `choice`, or says what was found.
-    pub fn open(choice: &AdapterChoice) -> Result<Gpu, String> {
-        let adapter = adapter::pick(choice)?;
-        let offered = ShaderFeatures::offered(choice.features.as_deref(), &adapter)?;
-        let info = adapter.get_info();
-        let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("hyserve"),
-            required_features: (adapter.features() & wgpu::Features::TIMESTAMP_QUERY)
-                | offered.required(),
-            required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| format!("{}: cannot open the device: {e}", describe(&info)))?;
-        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("dummy"),
-            size: 16,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        });
-        let adapter_limit = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
-        let software = info.device_type == wgpu::DeviceType::Cpu;
-        let mut gpu = Gpu {
-            device,
-            queue,
-            info,
-            binding_limit: choice
-                .max_binding
-                .map_or(adapter_limit, |m| m.clamp(256, adapter_limit)),
-            lanes: choice.lanes.unwrap_or(if software { 1 } else { 8 }),
-            pipelines: Mutex::new(HashMap::new()),
-            recorder: Mutex::new(Recorder::default()),
-            uniform_align: u64::from(limits.min_uniform_buffer_offset_alignment),
-            limits,
-            profiler: Mutex::new(None),
-            pool: Arc::new(Mutex::new(HashMap::new())),
-            fused_fma: true,
-            features: ShaderFeatures::default(),
-            numerics: choice.numerics,
-            constants: Mutex::new(HashMap::new()),
-            dummy,
-        };
-        gpu.fused_fma = gpu.probe_fused_fma();
-        // each feature is probed with only itself on; the probes' pipelines are never used again
-        gpu.features = ShaderFeatures {
-            subgroups: offered.subgroups,
-            f16: false,
-        };
-        let subgroups = offered.subgroups && features::probe(&gpu, features::probe_subgroups);
-        gpu.features = ShaderFeatures {
-            subgroups: false,
-            f16: offered.f16,
-        };
-        let f16 = offered.f16 && features::probe(&gpu, features::probe_f16);
-        gpu.features = ShaderFeatures { subgroups, f16 };
-        Ok(gpu)
-    }
-
     /// The optional features in use (those asked for that the adapter has and that passed their
     /// probes).
     pub fn features(&self) -> ShaderFeatures {
@@ -176,17 +100,6 @@ impl Gpu {
     /// The shaders' numerics mode.
     pub fn numerics(&self) -> Numerics {
         self.numerics
-    }
-
-    /// Runs `fma(1 + 2^-12, 1 + 2^-12, -1)` on the device: 2^-11 + 2^-24 when fused, 2^-11 when the
-    /// product is rounded first. The inputs come from a buffer so no compiler can fold them.
-    fn probe_fused_fma(&self) -> bool {
-        let one_plus = 1.0f32 + 2f32.powi(-12);
-        let input = self.upload(bytemuck::cast_slice(&[one_plus, one_plus, -1.0f32, 0.0]));
-        self.dispatch(&FMA_PROBE, &[], &[input.raw()], &[0u8; 16], [1, 1, 1]);
-        let out = self.read(input.raw(), 12, 4);
-        let got = f32::from_le_bytes([out[0], out[1], out[2], out[3]]);
-        got == 2f32.powi(-11) + 2f32.powi(-24)
     }
 
     /// The device copy of a constant table, uploaded on first use.
@@ -466,6 +379,45 @@ impl Gpu {
             slice.get_mapped_range().expect("mapped read-back range")[..bytes as usize].to_vec();
         staging.unmap();
         data
+    }
+}
+
+/// Profiling: timestamp queries per dispatch (`profile.rs`).
+impl Gpu {
+    /// Whether the adapter can time passes (`TIMESTAMP_QUERY`).
+    pub fn has_timestamps(&self) -> bool {
+        self.device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// Starts (or stops) timing every dispatch; work recorded so far is submitted first.
+    pub fn set_profiling(&self, on: bool) -> Result<(), String> {
+        if on && !self.has_timestamps() {
+            return Err(format!(
+                "{}: no timestamp queries on this adapter",
+                self.describe()
+            ));
+        }
+        self.flush();
+        let mut p = self.profiler.lock().unwrap();
+        if !on {
+            *p = None;
+        } else if p.is_none() {
+            *p = Some(Profiler::new(&self.device));
+        }
+        Ok(())
+    }
+
+    /// Seconds and passes per kernel name since the last call (submitting recorded work), and
+    /// the passes that were not timed.
+    pub fn take_profile(&self) -> (HashMap<&'static str, (f64, u64)>, u64) {
+        self.flush();
+        self.profiler
+            .lock()
+            .unwrap()
+            .as_mut()
+            .map_or_else(|| (HashMap::new(), 0), Profiler::take)
     }
 }
 

@@ -3,10 +3,11 @@
 //!
 //! - `adapter`: which adapter to open (backends, ranking, the error naming what was found).
 //! - `numerics`: the two numerics modes (fast: the adapter's float operations; exact: the CPU's bits).
-//! - `features`: optional adapter features (subgroups, shader-f16), their probes, the shader
-//!   preprocessor that picks a variant.
+//! - `features`: optional adapter features (subgroups, shader-f16) and the shader preprocessor
+//!   that picks a variant.
 //! - `device`: the device, pipelines built once, pooled buffers, the one pending
 //!   command encoder that a forward call records into, uploads and read-backs.
+//! - `open`: opening a device, and the probes of its `fma` and of the optional features.
 //! - `weights`: GGUF tensors uploaded once in their block formats, split across bindings.
 //! - `ops`: one function per operation; each records a dispatch and returns at once.
 //! - `recorder`: the pending encoder, the compute pass its dispatches share, their parameters.
@@ -23,6 +24,7 @@ pub mod device;
 pub mod features;
 pub mod moe;
 pub mod numerics;
+pub mod open;
 pub mod ops;
 pub mod profile;
 pub mod recorder;

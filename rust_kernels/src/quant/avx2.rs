@@ -5,6 +5,7 @@
 use super::act::RowSlices;
 use super::int_dots as int;
 use super::kquant_dots as kq;
+use super::x86::hsum_ps;
 use super::{GgmlType, RowRun};
 use std::arch::x86_64::*;
 
@@ -84,62 +85,6 @@ unsafe fn act_rows<const R: usize, const VNNI: bool>(
         (GgmlType::Q6K, RowSlices::Q8K(ys)) => kq::dot_q6k_rows::<R, VNNI>(w, *ys),
         _ => panic!("activation format does not match weight type {t:?}"),
     }
-}
-
-/// One little-endian f16 at `b[off..off+2]` converted with F16C (half's converter is not inlined
-/// here and a call per block costs more than the block's arithmetic). The conversion is inline asm
-/// because LLVM narrows `_mm_cvtph_ps` of one lane to a `vpinsrw` into whatever register it likes,
-/// often the float accumulator: that chained every block's scale to the previous block's FMA and
-/// made Q8_0/Q5_0 rows latency-bound (~40% slower streams).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn f16_at(b: &[u8], off: usize) -> f32 {
-    debug_assert!(off + 2 <= b.len());
-    let bits = std::ptr::read_unaligned(b.as_ptr().add(off) as *const u16);
-    let v = _mm_cvtsi32_si128(bits as i32);
-    let r: __m128;
-    std::arch::asm!(
-        "vcvtph2ps {r}, {v}",
-        r = lateout(xmm_reg) r,
-        v = in(xmm_reg) v,
-        options(pure, nomem, nostack, preserves_flags)
-    );
-    _mm_cvtss_f32(r)
-}
-
-/// `v` unchanged, hidden from the optimizer: LLVM folds a product of two broadcasts back into a
-/// scalar multiply plus a broadcast shuffle per row (one more vector uop than a broadcast load).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn opaque(mut v: __m256) -> __m256 {
-    std::arch::asm!("/* {v} */", v = inout(ymm_reg) v, options(pure, nomem, nostack, preserves_flags));
-    v
-}
-
-/// `v` unchanged, hidden from the optimizer: a byte shuffle by a constant mask stays one `vpshufb`
-/// (LLVM rewrites it into two or three word and dword shuffles, each as costly).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn opaque_i(mut v: __m256i) -> __m256i {
-    std::arch::asm!("/* {v} */", v = inout(ymm_reg) v, options(pure, nomem, nostack, preserves_flags));
-    v
-}
-
-/// `opaque_i` for 128 bits.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn opaque_x(mut v: __m128i) -> __m128i {
-    std::arch::asm!("/* {v} */", v = inout(xmm_reg) v, options(pure, nomem, nostack, preserves_flags));
-    v
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
 }
 
 /// ggml's `GGML_F32x8_REDUCE` of four 8-lane accumulators: (a0+a2) + (a1+a3), then the two

@@ -7,45 +7,10 @@
 //! adds one FMA into an 8-lane float accumulator in block order, reduced once at the end, an order
 //! that depends only on the row length, never on the batch.
 
-use super::avx2::{f16_at, hsum_ps, opaque};
 use super::blocks::{BlockQ8_0, BlockQ8_0Biased, BlockQ8_1};
+use super::x86::{compiled_twice, f16_at, hsum_ps, load, opaque, read_u32};
 use super::RowRun;
 use std::arch::x86_64::*;
-
-/// One kernel body (an `#[inline(always)]` expression generic over `VNNI`) compiled as a function
-/// of its own per instruction set, `$avx2` and `$vnni` (the features `simd::use_vnni` checks the
-/// CPU for; never inlined: inside the caller's large match LLVM kept the accumulators on the
-/// stack), and `$pick`, which calls the one for `VNNI`.
-macro_rules! compiled_twice {
-    ($pick:ident, $avx2:ident, $vnni:ident, |$w:ident, $ys:ident: $yt:ty| $body:expr) => {
-        #[inline(never)]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $avx2<const R: usize>($w: &[u8], $ys: $yt) -> [f32; R] {
-            const VNNI: bool = false;
-            $body
-        }
-
-        #[inline(never)]
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $vnni<const R: usize>($w: &[u8], $ys: $yt) -> [f32; R] {
-            const VNNI: bool = true;
-            $body
-        }
-
-        #[inline(always)]
-        pub(super) unsafe fn $pick<const R: usize, const VNNI: bool>(
-            $w: &[u8],
-            $ys: $yt,
-        ) -> [f32; R] {
-            if VNNI {
-                $vnni::<R>($w, $ys)
-            } else {
-                $avx2::<R>($w, $ys)
-            }
-        }
-    };
-}
-pub(super) use compiled_twice;
 
 /// 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..15), then high nibbles.
 /// The 16 bytes are loaded into both halves and the high half shifted by 4 (bits that move in from
@@ -107,18 +72,6 @@ unsafe fn dot_u8_i8<const VNNI: bool>(x: __m256i, y: __m256i) -> __m256i {
     } else {
         _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
     }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn load(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn read_u32(p: *const u8) -> u32 {
-    u32::from_le_bytes(std::ptr::read_unaligned(p as *const [u8; 4]))
 }
 
 macro_rules! dot_vs_q8_0 {

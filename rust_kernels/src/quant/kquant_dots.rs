@@ -3,10 +3,9 @@
 //! every output in llama.cpp's one-row operation order. With AVX-512 VNNI and several rows, a
 //! block's integer sums come from `kquant_wide`.
 
-use super::avx2::{f16_at, hsum_ps, opaque, opaque_i, opaque_x};
 use super::blocks::BlockQ8K;
-use super::int_dots::{compiled_twice, load, read_u32};
 use super::kquant_wide as wide;
+use super::x86::{compiled_twice, f16_at, hsum_ps, load, opaque, opaque_i, opaque_x, read_u32};
 use std::arch::x86_64::*;
 
 /// Whether the 256-bit Q4_K/Q5_K sums add each i16 product pair into their running i32 sum with

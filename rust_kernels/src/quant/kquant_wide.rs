@@ -64,7 +64,7 @@ unsafe fn dpwssd_z(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
 }
 
 /// `v` unchanged, hidden from the optimizer: a byte shuffle by a constant mask stays one `vpshufb`
-/// (see `avx2::opaque_i`).
+/// (see `x86::opaque_i`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn opaque_z(mut v: __m512i) -> __m512i {

@@ -2,6 +2,7 @@
 
 use super::blocks::BlockQ8K;
 use super::{f16_at, GgmlType};
+use crate::simd_math::hsum8;
 
 /// Unpack the 12-byte scales array of Q4_K/Q5_K into 8 six-bit scales and 8 six-bit mins.
 pub fn scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
@@ -76,14 +77,6 @@ pub fn dequantize(t: GgmlType, row: &[u8], out: &mut [f32]) {
             }
         }
     }
-}
-
-/// Sum of the 8 lanes in the order of llama.cpp's `hsum_float_8`: halves added lane-wise, then
-/// lanes {0,2} and {1,3}, then the two.
-#[inline]
-pub fn hsum8(a: &[f32; 8]) -> f32 {
-    let h: [f32; 4] = std::array::from_fn(|k| a[k] + a[k + 4]);
-    (h[0] + h[2]) + (h[1] + h[3])
 }
 
 /// `out[i] = sum(q[4i..4i+4] * y[4i..4i+4])`: the exact sums one i32 lane gathers per 32 elements.

@@ -20,6 +20,8 @@ mod kquant_dots;
 mod kquant_wide;
 pub mod kquants;
 pub mod legacy;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use crate::simd;
 pub use act::{ActRows, Activations, RowSlices};
