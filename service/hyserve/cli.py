@@ -24,7 +24,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _generate(args: argparse.Namespace) -> int:
     import hyserve_kernels
 
-    from hyserve.engine.generator import StopRule, generate
+    from hyserve.engine.generator import SpecConfig, SpecStats, StopRule, generate
     from hyserve.engine.sampling import SamplingParams
     from hyserve.model.loader import load_model
 
@@ -44,14 +44,20 @@ def _generate(args: argparse.Namespace) -> int:
     n, reason = 0, None
     if not args.chat:
         sys.stdout.write(args.prompt)
-    for item in generate(model, prompt, params, stop, n_ctx=args.ctx_size):
+    spec = SpecConfig(max_draft=args.spec_max_draft) if args.spec == "ngram" else None
+    stats = SpecStats()
+    for item in generate(model, prompt, params, stop, n_ctx=args.ctx_size, spec=spec, spec_stats=stats):
         sys.stdout.write(item.text)
         sys.stdout.flush()
         n += 1
         reason = item.finish_reason
     elapsed = time.perf_counter() - start
     sys.stdout.write("\n")
-    print(f"[{n} tokens, {n / elapsed:.1f} tok/s incl. prompt of {len(prompt)}, finish: {reason}]", file=sys.stderr)
+    drafts = f", drafted {stats.drafted}, accepted {stats.accepted}" if spec is not None else ""
+    print(
+        f"[{n} tokens, {n / elapsed:.1f} tok/s incl. prompt of {len(prompt)}, finish: {reason}{drafts}]",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -94,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--chat", action="store_true", help="treat the prompt as a user message and apply the chat template"
     )
+    gen.add_argument(
+        "--spec",
+        choices=("ngram", "off"),
+        default="off",
+        help="speculative decoding: ngram drafts tokens by prompt lookup, verified several per forward "
+        "(the same tokens as without)",
+    )
+    gen.add_argument("--spec-max-draft", type=int, default=8, help="tokens per draft at most (adaptive below it)")
     gen.set_defaults(func=_generate)
 
     from hyserve.api.server import add_serve_subcommand

@@ -51,6 +51,7 @@ def run_flag_error(args: argparse.Namespace) -> str | None:
         (args.top_k >= 0, "--top-k must be >= 0"),
         (0 < args.top_p <= 1, "--top-p must be in (0, 1]"),
         (args.seed is None or args.seed >= 0, "--seed must be >= 0"),
+        (args.spec_max_draft >= 1, "--spec-max-draft must be >= 1"),
     ]
     return next((message for ok, message in checks if not ok), None)
 

@@ -11,13 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hyserve.engine.drafting import Drafter, NgramDrafter
 from hyserve.engine.sampling import SamplingParams, sample
+from hyserve.engine.speculative import DraftLength, SpecConfig, SpecStats, Verified, keep_accepted, verify
 from hyserve.engine.stop import StopCheck, StopRule
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import LoadedModel
 from hyserve.model.memory import SequenceMemory
 
-__all__ = ["Generated", "StopRule", "generate", "prefill"]
+__all__ = ["Generated", "SpecConfig", "SpecStats", "StopRule", "generate", "prefill"]
 
 
 @dataclass(frozen=True)
@@ -45,23 +47,59 @@ def generate(
     stop: StopRule,
     n_ctx: int = 4096,
     chunk: int = 512,
+    spec: SpecConfig | None = None,
+    spec_stats: SpecStats | None = None,
+    drafter: Drafter | None = None,
 ) -> Iterator[Generated]:
     """Sample until a stop rule ends the generation (stop.py: the same rules, in the same order, as
-    the engine's, so the same request gives the same tokens and text here and through the server)."""
+    the engine's, so the same request gives the same tokens and text here and through the server).
+    With `spec`, drafted tokens are verified several per forward (speculative.py): the same tokens
+    come out, greedy or seeded; `spec_stats` counts the drafts; `drafter` replaces the one `spec`
+    names (the benchmarks' scripted drafts)."""
     if not prompt:
         raise ValueError("empty prompt")
     memory = model.arch.new_memory(n_ctx)
     memory.check_room(len(prompt))
-    logits = prefill(model, memory, prompt, chunk)
+    rows = prefill(model, memory, prompt, chunk)[None, :]
     rng = np.random.default_rng(params.seed)
     history = list(prompt)
     check = StopCheck(stop, model.tokenizer, len(prompt), n_ctx)
+    if drafter is None and spec is not None and spec.method == "ngram":
+        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    length = DraftLength(spec) if spec is not None else None
+    stats = spec_stats if spec_stats is not None else SpecStats()
+    if drafter is not None:
+        drafter.extend(prompt)
+    draft: list[int] = []
+    verified: Verified | None = None
     while True:
-        token = sample(logits, history, params, rng)
-        history.append(token)
-        decision = check.push(token)
-        if decision.reason is not None:
-            yield Generated(token, decision.text, decision.reason.value)
-            return
-        yield Generated(token, decision.text)
-        logits = model.arch.forward([Segment(memory, np.array([token], np.int32), Logits.LAST)])[0]
+        # rows[i]: the logits after the last sampled token and i drafted ones; sampled in order
+        for i, row in enumerate(rows):
+            token = sample(row, history, params, rng)
+            history.append(token)
+            decision = check.push(token)
+            if decision.reason is not None:
+                yield Generated(token, decision.text, decision.reason.value)
+                return
+            yield Generated(token, decision.text)
+            if drafter is not None:
+                drafter.extend([token])
+            if i < len(draft) and token == draft[i]:
+                continue  # the draft's token, already in memory
+            if verified is not None:  # keep the last sampled token and the accepted draft
+                keep_accepted(model.arch, memory, verified, i + 1)
+            break
+        if length is not None and draft:
+            stats.accepted += i
+            length.update(len(draft), i)
+        # the next draft: never past the context or the tokens still to generate
+        room = min(n_ctx - memory.n_tokens - 2, stop.max_tokens - check.generated - 1)
+        draft = drafter.propose(min(length.k, room)) if drafter is not None and length is not None else []
+        if draft:
+            stats.drafts += 1
+            stats.drafted += len(draft)
+            verified = verify(model.arch, memory, [token, *draft])
+            rows = verified.rows
+        else:
+            verified = None
+            rows = model.arch.forward([Segment(memory, np.array([token], np.int32), Logits.LAST)])[0][None, :]
