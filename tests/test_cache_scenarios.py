@@ -124,6 +124,13 @@ def stats(target: str) -> Any:
         return client.cache_stats()
 
 
+def test_model_info_names_the_device_and_its_numerics(served: Served) -> None:
+    with HyserveClient(served.target) as client:
+        info = client.model_info()
+    on_gpu = served.kind.endswith("-gpu")
+    assert (info.device, info.gpu_numerics) == (("gpu", "fast") if on_gpu else ("cpu", ""))
+
+
 # --- the scenarios -------------------------------------------------------------------------------
 
 

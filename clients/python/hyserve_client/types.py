@@ -416,6 +416,7 @@ class ModelInfo:
     server_version: str
     device: str  # "cpu" or "gpu"
     device_name: str
+    gpu_numerics: str  # "fast" or "exact" on a GPU, "" on the CPU
 
     @classmethod
     def from_proto(cls, m: pb.ModelInfoResponse) -> ModelInfo:
@@ -434,4 +435,5 @@ class ModelInfo:
             server_version=m.server_version,
             device=m.device,
             device_name=m.device_name,
+            gpu_numerics=m.gpu_numerics,
         )

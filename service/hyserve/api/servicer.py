@@ -322,6 +322,7 @@ def model_info(runtime: Runtime) -> pb.ModelInfoResponse:
         server_version=hyserve.__version__,
         device=model.arch.ops.name,
         device_name=model.arch.ops.description,
+        gpu_numerics=model.arch.ops.numerics,
     )
     if tok.bos_id is not None:
         info.bos_token_id = tok.bos_id

@@ -409,7 +409,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfoResponse(_message.Message):
-    __slots__ = ("model_path", "model_name", "architecture", "vocab_size", "context_size", "n_ctx_train", "parallel_slots", "bos_token_id", "eos_token_ids", "has_chat_template", "memory_kind", "server_version", "device", "device_name")
+    __slots__ = ("model_path", "model_name", "architecture", "vocab_size", "context_size", "n_ctx_train", "parallel_slots", "bos_token_id", "eos_token_ids", "has_chat_template", "memory_kind", "server_version", "device", "device_name", "gpu_numerics")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -424,6 +424,7 @@ class ModelInfoResponse(_message.Message):
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    GPU_NUMERICS_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     model_name: str
     architecture: str
@@ -438,4 +439,5 @@ class ModelInfoResponse(_message.Message):
     server_version: str
     device: str
     device_name: str
-    def __init__(self, model_path: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_size: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., parallel_slots: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., memory_kind: _Optional[_Union[MemoryKind, str]] = ..., server_version: _Optional[str] = ..., device: _Optional[str] = ..., device_name: _Optional[str] = ...) -> None: ...
+    gpu_numerics: str
+    def __init__(self, model_path: _Optional[str] = ..., model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_size: _Optional[int] = ..., n_ctx_train: _Optional[int] = ..., parallel_slots: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: _Optional[bool] = ..., memory_kind: _Optional[_Union[MemoryKind, str]] = ..., server_version: _Optional[str] = ..., device: _Optional[str] = ..., device_name: _Optional[str] = ..., gpu_numerics: _Optional[str] = ...) -> None: ...

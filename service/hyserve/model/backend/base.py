@@ -32,6 +32,7 @@ class Backend(RecurrentOps, Protocol):
 
     name: str  # "cpu" or "gpu"
     description: str  # the device, for logs and ModelInfo
+    numerics: str  # a GPU's numerics mode, "fast" or "exact"; "" on the CPU
 
     # -- weights and memory, at load time
     def matrix(self, m: hk.QMatrix) -> Matrix: ...

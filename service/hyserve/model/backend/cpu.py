@@ -15,6 +15,7 @@ from hyserve.model.memory import KVCache
 
 class CpuBackend(CpuRecurrentOps):
     name = "cpu"
+    numerics = ""  # the CPU kernels are the reference bits
 
     @property
     def description(self) -> str:

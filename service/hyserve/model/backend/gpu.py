@@ -45,6 +45,7 @@ class GpuBackend(GpuRecurrentOps):
     def __init__(self, device: hk.GpuDevice) -> None:
         self.device = device
         self.description = device.name
+        self.numerics = device.numerics
         self._matrices: dict[int, tuple[hk.QMatrix, hk.GpuMatrix]] = {}
 
     def matrix(self, m: hk.QMatrix) -> hk.GpuMatrix:

@@ -2444,7 +2444,11 @@ type ModelInfoResponse struct {
 	Device string `protobuf:"bytes,13,opt,name=device,proto3" json:"device,omitempty"`
 	// The device in words: "CPU (avx2, 2 threads)", or the GPU adapter's name, backend and type,
 	// e.g. "llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)" for Mesa's software Vulkan driver.
-	DeviceName    string `protobuf:"bytes,14,opt,name=device_name,json=deviceName,proto3" json:"device_name,omitempty"`
+	DeviceName string `protobuf:"bytes,14,opt,name=device_name,json=deviceName,proto3" json:"device_name,omitempty"`
+	// On a GPU, the shaders' numerics: "fast" (the adapter's own float operations: deterministic and
+	// batch-invariant, close to the CPU path but not its bits) or "exact" (the CPU kernels' bits
+	// where the shaders can follow them). Empty on the CPU.
+	GpuNumerics   string `protobuf:"bytes,15,opt,name=gpu_numerics,json=gpuNumerics,proto3" json:"gpu_numerics,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2573,6 +2577,13 @@ func (x *ModelInfoResponse) GetDevice() string {
 func (x *ModelInfoResponse) GetDeviceName() string {
 	if x != nil {
 		return x.DeviceName
+	}
+	return ""
+}
+
+func (x *ModelInfoResponse) GetGpuNumerics() string {
+	if x != nil {
+		return x.GpuNumerics
 	}
 	return ""
 }
@@ -2744,7 +2755,7 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x1eReprocessedTokensByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x12\n" +
-	"\x10ModelInfoRequest\"\x9f\x04\n" +
+	"\x10ModelInfoRequest\"\xc2\x04\n" +
 	"\x11ModelInfoResponse\x12\x1d\n" +
 	"\n" +
 	"model_path\x18\x01 \x01(\tR\tmodelPath\x12\x1d\n" +
@@ -2766,7 +2777,8 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x0eserver_version\x18\f \x01(\tR\rserverVersion\x12\x16\n" +
 	"\x06device\x18\r \x01(\tR\x06device\x12\x1f\n" +
 	"\vdevice_name\x18\x0e \x01(\tR\n" +
-	"deviceNameB\x0f\n" +
+	"deviceName\x12!\n" +
+	"\fgpu_numerics\x18\x0f \x01(\tR\vgpuNumericsB\x0f\n" +
 	"\r_bos_token_id*\x9a\x01\n" +
 	"\vReuseSource\x12\x1c\n" +
 	"\x18REUSE_SOURCE_UNSPECIFIED\x10\x00\x12\x15\n" +
