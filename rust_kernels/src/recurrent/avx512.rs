@@ -4,6 +4,7 @@
 //! a chain of dependent operations (dot, reduce, delta, update, dot); interleaving `R` rows keeps
 //! the FMA units busy, and each `k` / `q` chunk is loaded once for the `R` rows.
 
+use super::sums::ordered_sum;
 use std::arch::x86_64::*;
 
 /// `GGML_F32x8_REDUCE` of the accumulators `[v0|v1]`, `[v2|v3]`: (v0+v2) + (v1+v3), the 128-bit
@@ -53,7 +54,7 @@ pub unsafe fn decay_dot_rows<const R: usize>(
             *row.add(i) = *src.add(r * n + i) * e;
         }
         let tail = std::slice::from_raw_parts(row.add(np), n - np);
-        super::ordered_sum(reduce(acc[r][0], acc[r][1]), tail, &k[np..n])
+        ordered_sum(reduce(acc[r][0], acc[r][1]), tail, &k[np..n])
     })
 }
 
@@ -88,17 +89,6 @@ pub unsafe fn update_dot_rows<const R: usize>(
         for (s, &kv) in row[np..].iter_mut().zip(&k[np..]) {
             *s = kv.mul_add(d[r], *s);
         }
-        super::ordered_sum(reduce(acc[r][0], acc[r][1]), &row[np..], &q[np..])
+        ordered_sum(reduce(acc[r][0], acc[r][1]), &row[np..], &q[np..])
     })
-}
-
-#[target_feature(enable = "avx2,fma,avx512f")]
-pub unsafe fn gdn_head(
-    a: &super::GdnArgs,
-    h: usize,
-    src: Option<&[f32]>,
-    st: &mut [f32],
-    o: &mut [f32],
-) {
-    super::gdn_head::<true, true>(a, h, src, st, o)
 }
