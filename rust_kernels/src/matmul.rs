@@ -29,33 +29,32 @@ impl Weight<'_> {
 /// The middle register block of `RowBlocks` (after the blocks of 8 activation rows).
 const MID_BLOCK: usize = 4;
 /// How far ahead of the weight row being read the row-at-a-time path prefetches: the hardware
-/// prefetchers stop at 4 KiB pages, which left a single weight stream at ~5 GB/s per core.
+/// prefetchers stop at 4 KiB pages, which left a single weight stream far below the memory's rate.
 const PREFETCH_AHEAD: usize = 4096;
 /// Weight rows per call of the kernels that loop over runs of rows (`vec_dot_act_rows_run`): every
 /// register block of the window passes over them while they sit in L1 (8 rows of 640-column Q8_0:
-/// 5.4 KiB). A call and its dispatch per weight row cost more than the loop (`decode_matmul` Q8_0
-/// 262144 x 640, 4 rows, two threads: 8.8 ms a call per row, 7.7-8.0 ms with runs).
+/// 5.4 KiB). A call and its dispatch per weight row cost more than the loop.
 const RUN_ROWS: usize = 8;
 /// Activation rows per window (a decode step of up to this many sequences is one window): each
 /// weight row is prefetched ahead as in the one-row path and then dotted with every row of the
 /// window, in register blocks of up to 8 rows (`RowBlocks`), while it sits in L1. A prompt's rows
 /// pass in windows over a task's 16 cache-resident weight rows; this beat 4x4 (weight x activation)
-/// tiles for every format (Q5_0 by 17%: the tiles' 16 accumulators did not fit in registers).
+/// tiles for every format (the tiles' 16 accumulators did not fit in registers).
 const STREAM_MAX: usize = 16;
 
-/// L2 budget for one group of a prompt's activation rows (this machine's L2: 512 KiB per core,
-/// shared with the weight rows and the outputs).
+/// L2 budget for one group of a prompt's activation rows (half of a 512 KiB per-core L2, which the
+/// weight rows and the outputs share).
 const ACT_GROUP_BYTES: usize = 256 << 10;
 /// A prompt's activations are grouped only past this many quantized bytes: below it the extra
-/// passes over the weights cost more than the L2 misses they save. Realistic qwen35
-/// (`kernel_ab.py --prompts`, grouped / ungrouped time): 512 tokens (0.6 MB of Q8_K rows per
-/// 1024-column matmul) 1.07, 1024 tokens 0.96, 2048 0.91, 4096 0.885.
+/// passes over the weights cost more than the L2 misses they save.
 const GROUP_MIN_BYTES: usize = 1 << 20;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: every task writes a disjoint set of output elements.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for Send: the tasks share the pointer, never an element, and nothing reads the
+// outputs before every task is done.
 unsafe impl Sync for OutPtr {}
 
 /// Several weights applied to the same activations `x` (`m` rows of `cols`), in one parallel pass.
@@ -109,7 +108,8 @@ pub fn matmul_many(
         let acts = act_for(w.t);
         let out = ptrs[wi];
         let end = (start + chunk).min(w.rows);
-        // SAFETY (writes): (r, n) pairs are disjoint across tasks and within bounds (asserted above).
+        // SAFETY: the (r, n) pairs written are disjoint across tasks and within bounds (asserted
+        // above).
         let put = |r: usize, n: usize, v: f32| unsafe { *out.0.add(r * w.rows + n) = v };
         let rb = w.t.row_bytes(w.cols);
         if g0 == 0 {
@@ -153,8 +153,9 @@ fn act_group_rows(m: usize, cols: usize) -> usize {
 
 /// One window of `m <= STREAM_MAX` activation rows (a decode step, or part of a prompt) in
 /// register blocks of 8 rows, then 4, then one block of the 1-3 rows left, each resolved to slices
-/// once per task (per weight row it cost ~10% of a 16-row Gemma step). Each block reads the weight row once; it stays in L1 across
-/// blocks; 8 rows amortize a block's unpacking best while the accumulators still fit in registers.
+/// once per task (not per weight row: that cost a visible part of a decode step). Each block reads
+/// the weight row once; it stays in L1 across blocks; 8 rows amortize a block's unpacking best
+/// while the accumulators still fit in registers.
 struct RowBlocks<'a> {
     eights: [Option<ActRows<'a, 8>>; STREAM_MAX / 8],
     four: Option<ActRows<'a, MID_BLOCK>>,

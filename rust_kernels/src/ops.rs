@@ -38,7 +38,8 @@ pub fn rms_norm(x: &[f32], n: usize, w: Option<&[f32]>, eps: f32, out: &mut [f32
     if crate::simd::use_avx2() {
         for g in x.chunks_exact(n * 8) {
             let rows = std::array::from_fn(|r| &g[r * n..(r + 1) * n]);
-            // SAFETY: use_avx2() reports AVX2 (and FMA, F16C).
+            // SAFETY: use_avx2() reports AVX2 (and FMA, F16C), detected at run time; the 8 rows
+            // are n long each, as `sums_of_squares8` asserts before its pointer loads.
             sums.extend(unsafe { avx2::sums_of_squares8(rows) });
         }
     }
@@ -120,7 +121,8 @@ pub struct Rope {
 pub fn rope(x: &mut [f32], n_head: usize, head_dim: usize, positions: &[i32], r: Rope) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() {
-        // SAFETY: use_avx2() reports AVX2 and FMA.
+        // SAFETY: use_avx2() reports AVX2 and FMA, detected at run time; `rope_rows` itself only
+        // indexes slices (checked).
         return unsafe { avx2::rope(x, n_head, head_dim, positions, r) };
     }
     rope_rows(x, n_head, head_dim, positions, r)
@@ -329,7 +331,8 @@ pub fn store_f16(src: &[f32], dst: &mut [u16]) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() {
-        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
+        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C (run-time
+        // detection); the 8-lane loads and stores stop at the shorter slice's `len & !7`.
         done = unsafe { avx2::store_f16(src, dst) };
     }
     for (d, &x) in dst[done..].iter_mut().zip(&src[done..]) {
@@ -357,7 +360,8 @@ pub fn silu_in_place(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() {
         let p = x.as_mut_ptr();
-        // SAFETY: use_avx2() reports AVX2 and FMA; input and output are the same n elements.
+        // SAFETY: use_avx2() reports AVX2 and FMA, detected at run time; input and output are the
+        // same n elements, which bound the pointer loads and stores.
         return unsafe { avx2::silu_ptr(p, p, x.len()) };
     }
     for v in x.iter_mut() {
@@ -369,7 +373,8 @@ pub fn silu_in_place(x: &mut [f32]) {
 pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() {
-        // SAFETY: use_avx2() reports AVX2 and FMA.
+        // SAFETY: use_avx2() reports AVX2 and FMA, detected at run time; the pointer loads and
+        // stores stop at the shortest slice's `len & !7`.
         return unsafe { swiglu_fma(gate, up, out) };
     }
     swiglu_body(gate, up, out)
@@ -379,7 +384,7 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
 pub fn silu_slice(x: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() {
-        // SAFETY: as above.
+        // SAFETY: as in `swiglu`: AVX2 and FMA detected; `silu_fma` passes the shorter length.
         return unsafe { silu_fma(x, out) };
     }
     silu_body(x, out)
@@ -396,7 +401,9 @@ pub fn gated(gate: &[f32], up: &[f32], act: fn(f32) -> f32, out: &mut [f32]) {
 pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() {
-        // SAFETY: use_avx2() reports AVX2, FMA and F16C.
+        // SAFETY: use_avx2() reports AVX2, FMA and F16C, detected at run time; the loads stop at
+        // the shortest slice's `len & !7`, and the table (asserted 2^16 long) has an entry for
+        // every f16 bit pattern that indexes it.
         return unsafe { avx2::geglu(gate, up, out, gelu_table()) };
     }
     gated(gate, up, gelu, out)

@@ -96,9 +96,7 @@ pub fn path_name() -> &'static str {
 /// Ask for `len` bytes of `data` from offset `from` (clipped to the slice) to be brought into L2.
 /// The weight streams use it; L2 rather than L1 (`T1`, not `T0`): an L1 prefetch holds one of
 /// the core's few L1 miss buffers until its line arrives, which capped how many lines of the
-/// stream were in flight. Intel Xeon VM of 2026-11-27, `batched_decode.py --ks 1 4`, two runs each: Gemma 3
-/// 270M k = 1 step 17.9-18.1 -> 16.4-16.5 ms, k = 4 22.9-23.4 -> 20.7-20.8 ms; realistic qwen35
-/// k = 1 40.4-41.5 -> 37.9-39.0 ms, k = 4 60.2-61.1 -> 59.1-59.3 ms. (`NTA` was far slower: 54 ms.)
+/// stream were in flight. (`NTA`, which bypasses the caches, is slower still.)
 #[inline(always)]
 pub fn prefetch(data: &[u8], from: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]

@@ -46,7 +46,9 @@ fn scores<const AVX: bool, const G: usize, const N: usize>(
 ) -> [[f32; N]; G] {
     #[cfg(target_arch = "x86_64")]
     if AVX {
-        // SAFETY: AVX is only true inside the avx2 wrapper, which the caller enables after detection.
+        // SAFETY: AVX is only true inside `avx2::heads`, entered after run-time detection of AVX2,
+        // FMA and F16C; every q and k row holds head_dim values (`add_scores` slices the key rows
+        // to the query's length), which bounds the unaligned 8-lane loads.
         return unsafe { avx2::scores(qs, ks) };
     }
     qs.map(|q| {
@@ -84,7 +86,7 @@ impl Keys {
 fn softmax<const AVX: bool>(p: &mut [f32], first: usize, last: usize) {
     #[cfg(target_arch = "x86_64")]
     if AVX {
-        // SAFETY: as in `scores`.
+        // SAFETY: features as in `scores`; the 8-lane loads and stores stop at `p.len() & !7`.
         unsafe { avx2::softmax(p, first, last) };
         return;
     }
@@ -127,7 +129,8 @@ fn add_lanes<const AVX: bool, const G: usize>(
     let hd = lanes.len() / (G * 8);
     #[cfg(target_arch = "x86_64")]
     if AVX {
-        // SAFETY: as in `scores`.
+        // SAFETY: features as in `scores`; `avx2::lanes` asserts the lengths of `lanes`, `v` and
+        // `ps` that its pointer loads rely on.
         unsafe { avx2::lanes(ps, v, keys, (a, b), hd, lanes) };
         return;
     }
@@ -392,7 +395,7 @@ fn run<const G: usize, const N: usize>(use_avx2: bool, q: &[f32], s: &AttentionS
     let (k, v) = (span.k, span.v);
     #[cfg(target_arch = "x86_64")]
     if use_avx2 {
-        // SAFETY: use_avx2 reports AVX2, FMA and F16C.
+        // SAFETY: use_avx2 reports AVX2, FMA and F16C, detected at run time.
         unsafe { avx2::heads::<G, N>(&mut rows, k, v) };
         return;
     }

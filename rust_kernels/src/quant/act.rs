@@ -186,7 +186,8 @@ fn abs_max(x: &[f32]) -> f32 {
 pub fn quantize_q8_0(x: &[f32]) -> BlockQ8_0 {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() && x.len() == 32 {
-        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
+        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C (run-time
+        // detection); `x` holds the 32 values the kernel loads (checked here, asserted there).
         if let Some(b) = unsafe { super::act_avx2::quantize_q8_0(x) } {
             return b;
         }
@@ -198,7 +199,8 @@ pub fn quantize_q8_0(x: &[f32]) -> BlockQ8_0 {
 pub fn quantize_q8k(x: &[f32]) -> BlockQ8K {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::use_avx2() && x.len() == 256 {
-        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C.
+        // SAFETY: use_avx2() is true only when the CPU has AVX2, FMA and F16C (run-time
+        // detection); `x` holds the 256 values the kernel loads (checked here, asserted there).
         if let Some(b) = unsafe { super::act_avx2::quantize_q8k(x) } {
             return b;
         }

@@ -142,7 +142,7 @@ macro_rules! dot_vs_q8_0 {
 /// each activation byte by its weight's sign (`vpsignb`, per row and block) the rows come biased
 /// by +128 (`u = y + 128`, `Activations` keeps that copy) and each i32 lane starts at -128 x the
 /// sum of its four weights, once per block for all rows: `start + sum(u * w) = sum(y * w)`, the
-/// same integers, so the same bits. On Zen 4 the sign flips ran on the same two pipes as the
+/// same integers, so the same bits. The sign flips would compete for the execution ports of the
 /// `vpdpbusd`s, multiplies and FMAs, which bound the loop.
 #[inline(always)]
 unsafe fn biased_sums_start(w: __m256i) -> __m256i {
@@ -189,7 +189,7 @@ pub(super) type Q8_0Rows<'a, const R: usize> =
 
 // `dot_q8_0` for R > 1 activation rows as a function of its own: inlined into
 // `vec_dot_act_rows`' large match, LLVM kept the R accumulators on the stack (a store per row and
-// block, ~25% of a row's cost).
+// block).
 compiled_twice!(
     dot_q8_0_rows,
     dot_q8_0_rows_avx2,

@@ -250,8 +250,7 @@ unsafe fn q6k_sums<const R: usize>(
                 (0x0101_0101_0101_0101u64 * (k as u64 + 1)) as i64,
                 (0x0101_0101_0101_0101u64 * k as u64) as i64,
             );
-            // one `vpshufb` for one or two rows; from 4 rows LLVM's own shuffles measured
-            // faster (`decode_matmul` Q6_K 256 x 3584: 1 row -7%, 2 rows -3%, 4 rows +4%)
+            // one `vpshufb` for one or two rows; from 4 rows LLVM's own shuffles are faster
             let pick = if R <= 2 { opaque_x(pick) } else { pick };
             let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
             for r in 0..R {

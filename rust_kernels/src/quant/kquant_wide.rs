@@ -4,17 +4,14 @@
 //!
 //! `vpdpwssd` through `asm!`: LLVM's generic tuning rewrites the intrinsic into `vpmaddwd` +
 //! `vpaddd` (each step of `fused_sums`' two accumulator chains then costs two instructions
-//! instead of one). Written as the instruction, `decode_matmul` (one thread, Q4_K 1024 x 2048,
-//! weights in L2) went from 0.146-0.150 to 0.130 ms for 4 rows and Q6_K 512 x 3584 from 0.131-0.135
-//! to 0.118-0.122 ms, on the Intel Xeon of 2026-11-27.
+//! instead of one); written as the instruction, it stays one.
 //!
 //! 512-bit sums: one zmm holds two 32-quant groups whose activations are 64 contiguous bytes of
 //! the row (Q4_K/Q5_K: a chunk's low and high nibbles; Q6_K: two of a half-block's quads), so a
-//! row pays one `vpmaddubsw` and one `vpdpwssd` per two groups instead of two each. Same machine,
-//! same benchmark: Q6_K 4 rows 0.118-0.122 -> 0.110 ms, 8 rows 0.222-0.226 -> 0.187-0.192 ms;
-//! Q4_K 8 rows 0.249-0.254 -> 0.234-0.236 ms but 4 rows 0.130 -> 0.136 ms, hence `q45k_on_zmm`
-//! from 8 rows only.
-//! (On an AMD Zen 4, which runs 512-bit operations at half rate, the zmm form gained nothing.)
+//! row pays one `vpmaddubsw` and one `vpdpwssd` per two groups instead of two each. They serve
+//! Q6_K from 2 rows (`q6k_on_zmm`) and Q4_K/Q5_K only from 8 rows (`q45k_on_zmm`): at 4 rows the
+//! latter's 256-bit sums are faster. (Where a CPU runs 512-bit operations at half rate, the zmm
+//! form gains nothing.)
 //!
 //! Bits: i32 lane `l` of a zmm's low half sums the same products as lane `l` of the 256-bit
 //! kernel's first sum, its high half those of the second, and the result is low + high per lane.

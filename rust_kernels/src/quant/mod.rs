@@ -146,9 +146,13 @@ pub fn vec_dot_act_rows<const R: usize>(t: GgmlType, w: &[u8], ys: &ActRows<R>) 
     // One look at the path per weight row (this runs for every row of every matmul).
     #[cfg(target_arch = "x86_64")]
     match simd::path() {
-        // SAFETY: the path is Vnni only when the CPU has every feature the VNNI form enables.
+        // SAFETY: the path is Vnni only when run-time detection found every feature the VNNI
+        // form enables. The quantized kernels assert that `w` covers the activation rows' blocks;
+        // the float ones read `w` for the activation row's length, which callers keep equal (a
+        // weight row of `cols` values against activation rows of `cols`).
         simd::Path::Vnni => return unsafe { avx2::vec_dot_act_rows_vnni::<R>(t, w, &ys.rows) },
-        // SAFETY: the path is Avx2 only when the CPU has AVX2, FMA and F16C.
+        // SAFETY: the path is Avx2 only when run-time detection found AVX2, FMA and F16C; lengths
+        // as above.
         simd::Path::Avx2 => return unsafe { avx2::vec_dot_act_rows::<R>(t, w, &ys.rows) },
         simd::Path::Scalar => {}
     }
@@ -176,7 +180,8 @@ pub fn vec_dot_act_rows_run<const R: usize>(
             n0,
             ahead,
         };
-        // SAFETY: the path is Vnni only when the CPU has every feature the VNNI form enables.
+        // SAFETY: as in `vec_dot_act_rows`; the run kernels read rows through `RowRun::row`
+        // (checked slices).
         return unsafe { avx2::act_rows_run_vnni::<R>(t, &rows, &ys.rows, out) };
     }
     let _ = (t, data, rb, n0, ahead, ys, out);

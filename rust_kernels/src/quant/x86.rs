@@ -44,7 +44,7 @@ pub(super) use compiled_twice;
 /// here and a call per block costs more than the block's arithmetic). The conversion is inline asm
 /// because LLVM narrows `_mm_cvtph_ps` of one lane to a `vpinsrw` into whatever register it likes,
 /// often the float accumulator: that chained every block's scale to the previous block's FMA and
-/// made Q8_0/Q5_0 rows latency-bound (~40% slower streams).
+/// made Q8_0/Q5_0 rows latency-bound.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn f16_at(b: &[u8], off: usize) -> f32 {

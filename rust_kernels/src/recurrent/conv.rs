@@ -172,7 +172,8 @@ pub fn conv1d_causal_from(
     let row = |(t, o): (usize, &mut [f32])| {
         #[cfg(target_arch = "x86_64")]
         if use_avx2 {
-            // SAFETY: use_avx2 reports AVX2 and FMA.
+            // SAFETY: use_avx2 reports AVX2 and FMA, detected at run time; `conv_row` itself only
+            // indexes slices (checked).
             unsafe { conv_row_avx2(&a, t, o) };
             return;
         }

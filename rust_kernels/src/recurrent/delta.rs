@@ -40,7 +40,8 @@ fn decay_dot<const AVX: bool>(from: Option<&[f32]>, row: &mut [f32], e: f32, k: 
 fn update_dot<const AVX: bool>(row: &mut [f32], k: &[f32], d: f32, q: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if AVX {
-        // SAFETY: as in `decay_dot`.
+        // SAFETY: AVX as in `decay_dot`; `row`, `k` and `q` are rows of the same d_k values
+        // (sliced in `gdn_head`), which bounds the pointer loads and stores.
         return unsafe { avx2::update_dot(row, k, d, q) };
     }
     for (s, &kv) in row.iter_mut().zip(k) {
@@ -216,13 +217,13 @@ pub fn gated_delta_rule(
         let src = state_in.map(|s| &s[h * dv * dk..(h + 1) * dv * dk]);
         #[cfg(target_arch = "x86_64")]
         if use_avx512 {
-            // SAFETY: use_vnni reports AVX-512 F (and the AVX2 set below it).
+            // SAFETY: use_vnni reports AVX-512 F (and the AVX2 set below it), detected at run time.
             unsafe { gdn_head_avx512(&a, h, src, st, o) };
             return;
         }
         #[cfg(target_arch = "x86_64")]
         if use_avx2 {
-            // SAFETY: use_avx2 reports AVX2 and FMA.
+            // SAFETY: use_avx2 reports AVX2 and FMA, detected at run time.
             unsafe { gdn_head_avx2(&a, h, src, st, o) };
             return;
         }

@@ -12,7 +12,8 @@ use rayon::prelude::*;
 fn scan_row<const AVX: bool>(row: &mut [f32], da: f32, b: &[f32], x_dt: f32, c: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if AVX {
-        // SAFETY: as in `decay_dot`.
+        // SAFETY: AVX is only true inside `mamba2_head_avx2`, entered after run-time detection of
+        // AVX2 and FMA; `row`, `b` and `c` hold d_state values each (sliced in `mamba2_head`).
         return unsafe { avx2::scan_row(row, da, b, x_dt, c) };
     }
     let n = row.len();
@@ -164,7 +165,7 @@ pub fn mamba2_scan(
             }
             #[cfg(target_arch = "x86_64")]
             if use_avx2 {
-                // SAFETY: use_avx2 reports AVX2 and FMA.
+                // SAFETY: use_avx2 reports AVX2 and FMA, detected at run time.
                 unsafe { mamba2_head_avx2(&args, h, st, o) };
                 return;
             }
