@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
+from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.openai_http.requests import OpenAIError, parse_chat, parse_completion, validation_param
 
 USER = [{"role": "user", "content": "Hi"}]
@@ -56,10 +57,46 @@ def test_chat_mapping() -> None:
     assert req.sampling.temperature == 0 and req.sampling.top_p == 0.5 and req.sampling.top_k == 0
     assert req.sampling.seed == 3 and req.sampling.presence_penalty == -0.5
     kwargs = json_format.MessageToDict(req.chat.chat_template_kwargs)
-    assert kwargs == {"enable_thinking": False, "tools": body["tools"]}
+    assert kwargs == {"enable_thinking": False}
+    assert [(t.name, t.parameters_json) for t in req.chat.tools] == [("calc", "")]
     assert req.cache.HasField("cache_prompt") and not req.cache.cache_prompt
     assert req.logprobs and req.top_logprobs == 3
     assert parsed.stream and parsed.include_usage and parsed.logprobs
+
+
+def test_tool_fields_map_to_the_chat_input() -> None:
+    body = {
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get", "arguments": '{"city":"Oslo"}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}],
+        "tool_choice": {"type": "function", "function": {"name": "get"}},
+        "parallel_tool_calls": False,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}},
+    }
+    chat = parse_chat(body, "t").generate
+    call = chat.chat.messages[1].tool_calls[0]
+    assert (call.id, call.name, call.arguments_json) == ("call_1", "get", '{"city":"Oslo"}')
+    assert chat.chat.messages[2].tool_call_id == "call_1"
+    assert chat.chat.tool_choice.function == "get" and not chat.chat.parallel_tool_calls
+    assert chat.chat.tools[0].parameters_json == '{"type":"object"}'
+    assert chat.sampling.constraint.json_schema == '{"type":"integer"}'
+    assert parse_chat(
+        {"messages": USER, "response_format": {"type": "json_object"}}, "t"
+    ).generate.sampling.constraint.json_object
+    assert not parse_chat({"messages": USER, "response_format": {"type": "text"}}, "t").generate.sampling.HasField(
+        "constraint"
+    )
+    required = parse_chat({"messages": USER, "tool_choice": "required"}, "t").generate.chat.tool_choice
+    assert required.mode == pb.TOOL_CHOICE_MODE_REQUIRED
 
 
 def test_completion_prompts() -> None:
@@ -83,8 +120,22 @@ def test_completion_prompts() -> None:
         ({"messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
         ({"messages": USER, "top_logprobs": 2}, "top_logprobs"),
         ({"messages": USER, "logit_bias": {"1": 5}}, "logit_bias"),
-        ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
-        ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}]}, "messages[0].tool_calls"),
+        ({"messages": USER, "response_format": {"type": "xml"}}, "response_format"),
+        ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": []}}, "response_format"),
+        (
+            {"messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}]},
+            "messages[0].tool_calls[0].function",
+        ),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]},
+            "messages[0].tool_calls[0].id",
+        ),
+        ({"messages": USER, "tools": {"type": "function"}}, "tools"),
+        ({"messages": USER, "tools": [{"type": "retrieval"}]}, "tools[0]"),
+        ({"messages": USER, "tools": [{"function": {"name": "f", "parameters": []}}]}, "tools[0].function.parameters"),
+        ({"messages": USER, "tool_choice": "always"}, "tool_choice"),
+        ({"messages": USER, "tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"messages": USER, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
         ({"messages": "Hi"}, "messages"),
     ],
 )

@@ -66,8 +66,14 @@ def test_generate_request_fields() -> None:
         "frequency_penalty",
         "seed",
     }
-    assert set(sampling) == expected
-    assert all(f.has_presence for f in sampling.values()), "every sampling field must be `optional`"
+    assert set(sampling) == expected | {"constraint"}
+    scalars = [f for name, f in sampling.items() if name != "constraint"]
+    assert all(f.has_presence for f in scalars), "every sampling scalar must be `optional`"
+    kinds = _message("Constraint").oneofs_by_name["kind"]
+    assert {f.name for f in kinds.fields} == {"json_schema", "json_object", "regex", "grammar"}
+    assert {"tools", "tool_choice", "parallel_tool_calls", "parse_output"} <= set(chat)
+    assert {"tool_calls", "tool_call_id"} <= set(_fields("ChatMessage"))
+    assert set(_fields("ToolCall")) == {"id", "name", "arguments_json"}
     stopping = _fields("StoppingCriteria")
     assert {"max_tokens", "stop_strings", "stop_token_ids", "ignore_eos"} <= set(stopping)
     assert stopping["max_tokens"].has_presence
@@ -83,9 +89,10 @@ def test_generate_response_events() -> None:
     assert {"task_id", "slot_index", "prompt_tokens", "reused_tokens", "reuse_source", "matched_tokens"} <= set(
         _fields("Accepted")
     )
-    assert {"token_ids", "text", "logprobs"} <= set(_fields("Delta"))
+    assert {"token_ids", "text", "logprobs", "reasoning", "tool_calls"} <= set(_fields("Delta"))
+    assert set(_fields("ToolCallDelta")) == {"index", "id", "name", "arguments_fragment"}
     assert {"token_id", "logprob", "top_logprobs"} <= set(_fields("TokenLogprob"))
-    assert {"reason", "stop_string", "usage", "timings"} <= set(_fields("Finished"))
+    assert {"reason", "stop_string", "usage", "timings", "tool_calls"} <= set(_fields("Finished"))
     assert set(_fields("Usage")) == {
         "prompt_tokens",
         "cached_prompt_tokens",
@@ -108,6 +115,7 @@ def test_enums() -> None:
         "FINISH_REASON_MAX_TOKENS",
         "FINISH_REASON_CONTEXT_FULL",
         "FINISH_REASON_CANCELLED",
+        "FINISH_REASON_TOOL_CALLS",
     ]
     assert _enum_values("ReuseSource")[1:] == [
         "REUSE_SOURCE_NONE",

@@ -17,11 +17,13 @@ import grpc.aio
 import structlog
 
 import hyserve
+from hyserve.api.chat_output import ChatOutput
 from hyserve.api.early_cancel import EarlyCancels
 from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.gen import hyserve_pb2_grpc as pb_grpc
 from hyserve.api.ownership import may_see
 from hyserve.api.prepare_pool import run_prepare
+from hyserve.api.proto_events import ProtoEvents
 from hyserve.api.security import Security
 from hyserve.api.tasks import SESSION_HEADER, TaskRun
 from hyserve.api.validation import RequestLimits, ValidationError, is_task_id, prepare_generate
@@ -36,13 +38,7 @@ from hyserve.engine.engine import (
     SlotState,
 )
 from hyserve.engine.task import (
-    AcceptedEvent,
-    DeltaEvent,
-    Event,
     FailedEvent,
-    FinishedEvent,
-    FinishReason,
-    ReuseSource,
 )
 from hyserve.model.architectures.base import Architecture
 from hyserve.model.chat_template import ChatTemplate
@@ -52,20 +48,6 @@ log = structlog.get_logger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["HyserveService"].full_name
 
-_REUSE = {
-    ReuseSource.NONE: pb.REUSE_SOURCE_NONE,
-    ReuseSource.SLOT_LIVE: pb.REUSE_SOURCE_SLOT_LIVE,
-    ReuseSource.CHECKPOINT: pb.REUSE_SOURCE_CHECKPOINT,
-    ReuseSource.PREFIX_STORE: pb.REUSE_SOURCE_PREFIX_STORE,
-}
-_FINISH = {
-    FinishReason.EOS: pb.FINISH_REASON_EOS,
-    FinishReason.STOP_STRING: pb.FINISH_REASON_STOP_STRING,
-    FinishReason.STOP_TOKEN: pb.FINISH_REASON_STOP_TOKEN,
-    FinishReason.MAX_TOKENS: pb.FINISH_REASON_MAX_TOKENS,
-    FinishReason.CONTEXT_FULL: pb.FINISH_REASON_CONTEXT_FULL,
-    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
-}
 _SLOT_STATE = {
     SlotState.IDLE: pb.SLOT_STATE_IDLE,
     SlotState.PROCESSING_PROMPT: pb.SLOT_STATE_PROCESSING_PROMPT,
@@ -163,64 +145,18 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         if early:
             runtime.engine.cancel_task(run.task, CancelSource.RPC)
 
+        output = ChatOutput(prepared.output) if prepared.output is not None else None
+        convert = ProtoEvents(model.tokenizer.token_bytes, output)
         try:
             async for event in run.events():
                 if isinstance(event, FailedEvent):
                     await context.abort(grpc.StatusCode.INTERNAL, event.message)
-                yield self._event_to_proto(event, model)
+                for response in convert.responses(event):
+                    yield response
         finally:
             # the call ended before the task did (client cancel, deadline, shutdown): cancel it
             run.close()
             owners.release(run.task.id)
-
-    @staticmethod
-    def _event_to_proto(event: Event, model: LoadedModel) -> pb.GenerateResponse:
-        if isinstance(event, AcceptedEvent):
-            return pb.GenerateResponse(
-                accepted=pb.Accepted(
-                    task_id=event.task_id,
-                    slot_index=event.slot_index,
-                    prompt_tokens=event.prompt_tokens,
-                    reused_tokens=event.reused_tokens,
-                    reuse_source=_REUSE[event.reuse_source],
-                    matched_tokens=event.matched_tokens,
-                    reprocess_reason=event.reprocess_reason,
-                )
-            )
-        if isinstance(event, DeltaEvent):
-            piece = model.tokenizer.token_bytes
-            logprobs = [
-                pb.TokenLogprob(
-                    token_id=lp.token_id,
-                    logprob=lp.logprob,
-                    piece=piece(lp.token_id),
-                    top_logprobs=[pb.TopLogprob(token_id=t, logprob=v, piece=piece(t)) for t, v in lp.top],
-                )
-                for lp in event.logprobs
-            ]
-            return pb.GenerateResponse(delta=pb.Delta(token_ids=event.token_ids, text=event.text, logprobs=logprobs))
-        if isinstance(event, FinishedEvent):
-            u, t = event.usage, event.timings
-            finished = pb.Finished(
-                reason=_FINISH[event.reason],
-                stop_string=event.stop_string,
-                usage=pb.Usage(
-                    prompt_tokens=u.prompt_tokens,
-                    cached_prompt_tokens=u.cached_prompt_tokens,
-                    processed_prompt_tokens=u.processed_prompt_tokens,
-                    completion_tokens=u.completion_tokens,
-                ),
-                timings=pb.Timings(
-                    queue_ms=t.queue_ms,
-                    prompt_ms=t.prompt_ms,
-                    generation_ms=t.generation_ms,
-                    time_to_first_token_ms=t.time_to_first_token_ms,
-                ),
-            )
-            if event.stop_token_id is not None:
-                finished.stop_token_id = event.stop_token_id
-            return pb.GenerateResponse(finished=finished)
-        raise TypeError(f"unexpected event {event!r}")
 
     # --- Cancel ----------------------------------------------------------------------------------
 

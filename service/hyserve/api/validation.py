@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from google.protobuf import json_format
 
+from hyserve.api.chat_input import ChatRequest, ChatValidationError, chat_request
+from hyserve.api.chat_output import OutputSpec
 from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.limits import (
     MAX_CHECKPOINT_OFFSETS,
@@ -83,6 +85,8 @@ class PreparedRequest:
     cache_prompt: bool
     message_boundaries: tuple[int, ...]
     checkpoint_offsets: tuple[int, ...]
+    # chat input: how the answer's text splits into content, reasoning and tool calls
+    output: OutputSpec | None = None
 
 
 def is_task_id(text: str) -> bool:
@@ -138,26 +142,24 @@ def sampling_params(msg: pb.SamplingParams) -> SamplingParams:
     )
 
 
-def _chat_messages(chat: pb.ChatInput) -> list[dict[str, Any]]:
-    if not chat.messages:
-        raise ValidationError("chat.messages: must not be empty")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(chat.messages):
-        if not m.role:
-            raise ValidationError(f"chat.messages[{i}].role: must not be empty")
-        message: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.HasField("name"):
-            message["name"] = m.name
-        if m.HasField("reasoning_content"):
-            message["reasoning_content"] = m.reasoning_content
-        out.append(message)
-    return out
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    checkpoint_positions: list[int]  # cache_plan.chat_checkpoint_positions (chat input only)
+    chat: ChatRequest | None = None  # chat input: the validated conversation
+    text: str = ""  # chat input: the rendered conversation
 
 
 def prompt_tokens(
     request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate
 ) -> tuple[list[int], list[int]]:
     """(prompt token ids, checkpoint-worthy token positions of a chat: cache_plan.chat_checkpoint_positions)."""
+    prompt = build_prompt(request, tokenizer, template)
+    return prompt.ids, prompt.checkpoint_positions
+
+
+def build_prompt(request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate) -> Prompt:
+    """The prompt's token ids, with what a chat input adds (checkpoint positions, the conversation)."""
     kind = request.WhichOneof("input")
     if kind is None:
         raise ValidationError("input: exactly one of text, tokens or chat must be set")
@@ -170,7 +172,7 @@ def prompt_tokens(
         ids = tokenizer.encode(text.text, add_special=add_special, parse_special=parse_special)
         if not ids:
             raise ValidationError("text.text: tokenizes to no tokens")
-        return ids, []
+        return Prompt(ids, [])
     if kind == "tokens":
         ids = [int(t) for t in request.tokens.token_ids]
         if not ids:
@@ -178,23 +180,26 @@ def prompt_tokens(
         bad = next((t for t in ids if t >= tokenizer.vocab_size), None)
         if bad is not None:
             raise ValidationError(f"tokens.token_ids: id {bad} is not below the vocabulary size {tokenizer.vocab_size}")
-        return ids, []
-    # chat
-    messages = _chat_messages(request.chat)
-    add_generation_prompt = (
-        request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
-    )
+        return Prompt(ids, [])
+    return _chat_prompt(request.chat, tokenizer, template)
+
+
+def _chat_prompt(chat_input: pb.ChatInput, tokenizer: TokenizerLike, template: ChatTemplate) -> Prompt:
+    add_generation_prompt = chat_input.add_generation_prompt if chat_input.HasField("add_generation_prompt") else True
     kwargs: dict[str, Any] = {}
-    if request.chat.HasField("chat_template_kwargs"):
+    if chat_input.HasField("chat_template_kwargs"):
         try:
-            kwargs = json_format.MessageToDict(request.chat.chat_template_kwargs)
+            kwargs = json_format.MessageToDict(chat_input.chat_template_kwargs)
         except ValueError as exc:  # e.g. a NaN or infinite number: JSON has none
             raise ValidationError(f"chat.chat_template_kwargs: {exc}") from exc
-    tools = kwargs.pop("tools", None)
-    if tools is not None and not isinstance(tools, list):
-        raise ValidationError("chat.chat_template_kwargs.tools: must be a list")
     try:
-        rendered = template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs)
+        chat = chat_request(chat_input, kwargs)
+    except ChatValidationError as exc:
+        raise ValidationError(str(exc)) from exc
+    kwargs.pop("tools", None)
+    messages = chat.messages
+    try:
+        rendered = template.render(messages, add_generation_prompt=add_generation_prompt, tools=chat.tools, **kwargs)
     except ChatTemplateError as exc:
         raise ValidationError(f"chat: the chat template cannot render these messages: {exc}") from exc
     except TypeError as exc:  # e.g. a kwarg name that collides with render()'s own parameters
@@ -203,7 +208,8 @@ def prompt_tokens(
     ids, starts = tokenizer.encode_with_offsets(rendered.text, add_special=False, parse_special=True)
     if not ids:
         raise ValidationError("chat: the rendered conversation is empty")
-    return ids, chat_checkpoint_positions(chat_layout(rendered, messages), starts)
+    positions = chat_checkpoint_positions(chat_layout(rendered, messages), starts)
+    return Prompt(ids, positions, chat, rendered.text)
 
 
 def _reasoning_text(message: Mapping[str, Any]) -> str:
@@ -284,7 +290,8 @@ def prepare_generate(
     params = sampling_params(request.sampling)
     if request.top_logprobs > MAX_TOP_LOGPROBS:
         raise ValidationError(f"top_logprobs: at most {MAX_TOP_LOGPROBS} (got {request.top_logprobs})")
-    prompt, message_boundaries = prompt_tokens(request, tokenizer, template)
+    built = build_prompt(request, tokenizer, template)
+    prompt, message_boundaries = built.ids, built.checkpoint_positions
     if len(prompt) >= limits.n_ctx:
         raise ValidationError(
             f"input: the prompt has {len(prompt)} tokens, which leaves no room for a completion in the context "

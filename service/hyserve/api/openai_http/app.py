@@ -19,12 +19,14 @@ import structlog
 from aiohttp import web
 
 from hyserve.api.auth import bearer_token
+from hyserve.api.chat_output import ChatOutput, ParsedCall
 from hyserve.api.http_auth import aiohttp_auth_middleware
 from hyserve.api.limits import receive_limit_bytes
 from hyserve.api.openai_http.requests import OpenAIError, OpenAIRequest, parse_chat, parse_completion, validation_param
 from hyserve.api.openai_http.responses import (
     Completion,
     chat_chunk,
+    chat_delta,
     chat_response,
     completion_chunk,
     completion_response,
@@ -235,6 +237,7 @@ class _Reply:
         self.id, self.created, self.model, self.kind = id_, created, model, kind
         self.parsed, self.prepared = parsed, prepared
         self.token_bytes = runtime.model.tokenizer.token_bytes
+        self.output = ChatOutput(prepared.output) if prepared.output is not None else None
 
     def _logprobs(self, event: DeltaEvent | Completion) -> dict[str, Any] | None:
         if not self.parsed.logprobs:
@@ -248,8 +251,11 @@ class _Reply:
         done = Completion()
         async for event in run.events():
             if isinstance(event, DeltaEvent):
-                done.add(event)
+                done.add(event, None if self.output is None else self.output.push(event.text))
             elif isinstance(event, FinishedEvent):
+                if self.output is not None:
+                    tail, done.calls = self.output.finish()
+                    done.add_piece(tail)
                 done.finished = event
             elif isinstance(event, FailedEvent):
                 raise OpenAIError(event.message, status=500, type_="server_error")
@@ -263,6 +269,15 @@ class _Reply:
             delta = {} if text is None else {"content": text}
             return _sse(chat_chunk(self.id, self.created, self.model, delta, finish, extra))
         return _sse(completion_chunk(self.id, self.created, self.model, text or "", finish, extra))
+
+    def _delta_chunk(self, event: DeltaEvent, extra: dict[str, Any]) -> bytes | None:
+        """The chunk of one engine delta; None when it carries nothing to send yet."""
+        if self.output is None:
+            return self._chunk(event.text, extra=extra) if event.text or extra else None
+        delta = chat_delta(self.output.push(event.text))
+        if not delta and not extra:
+            return None
+        return _sse(chat_chunk(self.id, self.created, self.model, delta, None, extra))
 
     async def stream(self, request: web.Request, run: TaskRun) -> web.StreamResponse:
         response = web.StreamResponse(headers=_SSE_HEADERS)
@@ -279,10 +294,15 @@ class _Reply:
                     extra["logprobs"] = self._logprobs(event)
                 if self.parsed.return_token_ids:
                     extra["token_ids"] = list(event.token_ids)
-                if event.text or extra:
-                    await response.write(self._chunk(event.text, extra=extra))
+                if (chunk := self._delta_chunk(event, extra)) is not None:
+                    await response.write(chunk)
             elif isinstance(event, FinishedEvent):
-                await response.write(self._chunk(None, finish_reason(event.reason)))
+                calls: tuple[ParsedCall, ...] = ()
+                if self.output is not None:
+                    tail, calls = self.output.finish()
+                    if delta := chat_delta(tail):
+                        await response.write(_sse(chat_chunk(self.id, self.created, self.model, delta)))
+                await response.write(self._chunk(None, finish_reason(event.reason, calls)))
                 if self.parsed.include_usage:
                     usage = {
                         "id": self.id,

@@ -3,7 +3,7 @@ share validation (`validation.prepare_generate`), chat rendering and message-sta
 
 Pure functions: they read a decoded JSON body and raise `OpenAIError` (OpenAI's error shape, with
 `param` naming the offending field) for what OpenAI itself would refuse or hyserve cannot honour.
-Fields this server does not use (user, metadata, store, tool_choice, ...) are ignored, as OpenAI
+Fields this server does not use (user, metadata, store, ...) are ignored, as OpenAI
 ignores unknown ones. Extensions used by vLLM / llama-server clients: top_k, min_p,
 repetition_penalty, ignore_eos, chat_template_kwargs, cache_prompt, return_token_ids.
 """
@@ -17,6 +17,8 @@ from typing import Any, Literal
 from google.protobuf import struct_pb2
 
 from hyserve.api.gen import hyserve_pb2 as pb
+from hyserve.api.openai_http import chat_tools
+from hyserve.api.openai_http.errors import OpenAIError
 
 __all__ = ["OpenAIError", "OpenAIRequest", "parse_chat", "parse_completion", "validation_param"]
 
@@ -24,24 +26,6 @@ __all__ = ["OpenAIError", "OpenAIRequest", "parse_chat", "parse_completion", "va
 DEFAULT_TEMPERATURE = 1.0
 MAX_TOP_LOGPROBS = 20
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
-
-
-class OpenAIError(Exception):
-    """A request OpenAI's API would answer with an error object; `status` is the HTTP status."""
-
-    def __init__(
-        self,
-        message: str,
-        param: str | None = None,
-        status: int = 400,
-        type_: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -139,9 +123,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise OpenAIError("n: only n=1 is supported", "n")
     if body.get("logit_bias"):
         raise OpenAIError("logit_bias: not supported by this server", "logit_bias")
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":
-        raise OpenAIError("response_format: only {'type': 'text'} is supported", "response_format")
 
 
 def _stream_options(body: dict[str, Any], stream: bool) -> bool:
@@ -158,6 +139,8 @@ def _stream_options(body: dict[str, Any], stream: bool) -> bool:
 def _common(body: dict[str, Any], request: pb.GenerateRequest, task_id: str) -> None:
     request.task_id = task_id
     request.sampling.CopyFrom(_sampling(body))
+    if (constraint := chat_tools.constraint(body)) is not None:
+        request.sampling.constraint.CopyFrom(constraint)
     cache_prompt = _boolean(body, "cache_prompt")
     if cache_prompt is not None:
         request.cache.cache_prompt = cache_prompt
@@ -185,13 +168,12 @@ def _chat_message(i: int, message: Any) -> pb.ChatMessage:
     role = message.get("role")
     if role not in _ROLES:
         raise OpenAIError(f"{where}.role: must be one of {sorted(_ROLES)}", f"{where}.role")
-    if message.get("tool_calls"):
-        raise OpenAIError(f"{where}.tool_calls: not supported by this server", f"{where}.tool_calls")
     out = pb.ChatMessage(
         role="system" if role == "developer" else role,
         content=_content_text(message.get("content"), f"{where}.content"),
+        tool_calls=chat_tools.message_tool_calls(message, where),
     )
-    for name in ("name", "reasoning_content"):
+    for name in ("name", "reasoning_content", "tool_call_id"):
         value = message.get(name)
         if value is not None:
             if not isinstance(value, str):
@@ -205,11 +187,6 @@ def _chat_kwargs(body: dict[str, Any]) -> struct_pb2.Struct | None:
     if kwargs is not None and not isinstance(kwargs, dict):
         raise OpenAIError("chat_template_kwargs: must be an object", "chat_template_kwargs")
     merged = dict(kwargs or {})
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise OpenAIError("tools: must be an array", "tools")
-        merged["tools"] = tools  # rendered by the template; calls come back as plain text
     if not merged:
         return None
     out = struct_pb2.Struct()
@@ -238,9 +215,15 @@ def parse_chat(raw: Any, task_id: str) -> OpenAIRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise OpenAIError("messages: must be a non-empty array", "messages")
-    request = pb.GenerateRequest(chat=pb.ChatInput(messages=[_chat_message(i, m) for i, m in enumerate(messages)]))
+    request = pb.GenerateRequest(
+        chat=pb.ChatInput(messages=[_chat_message(i, m) for i, m in enumerate(messages)], tools=chat_tools.tools(body))
+    )
     if (kwargs := _chat_kwargs(body)) is not None:
         request.chat.chat_template_kwargs.CopyFrom(kwargs)
+    if (choice := chat_tools.tool_choice(body)) is not None:
+        request.chat.tool_choice.CopyFrom(choice)
+    if (parallel := _boolean(body, "parallel_tool_calls")) is not None:
+        request.chat.parallel_tool_calls = parallel
     _common(body, request, task_id)
     request.stopping.CopyFrom(_stopping(body, ("max_completion_tokens", "max_tokens")))
     logprobs = bool(_boolean(body, "logprobs"))

@@ -6,11 +6,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hyserve.api.chat_output import ChatPiece, ParsedCall
+from hyserve.api.proto_events import ended_with_calls
 from hyserve.engine.task import DeltaEvent, FinishedEvent, FinishReason, TokenLogprob, Usage
 
 __all__ = [
     "Completion",
     "chat_chunk",
+    "chat_delta",
     "chat_response",
     "completion_chunk",
     "completion_response",
@@ -31,8 +34,29 @@ _FINISH = {
 TokenBytes = Callable[[int], bytes]
 
 
-def finish_reason(reason: FinishReason) -> str:
-    return _FINISH[reason]
+def finish_reason(reason: FinishReason, calls: tuple[ParsedCall, ...] = ()) -> str:
+    return "tool_calls" if ended_with_calls(reason, calls) else _FINISH[reason]
+
+
+def chat_delta(piece: ChatPiece) -> dict[str, Any]:
+    """A streamed chat delta in OpenAI's shape (vLLM's `reasoning_content` for the reasoning)."""
+    delta: dict[str, Any] = {}
+    if piece.reasoning:
+        delta["reasoning_content"] = piece.reasoning
+    if piece.content:
+        delta["content"] = piece.content
+    if piece.tool_calls:
+        calls = []
+        for c in piece.tool_calls:
+            call: dict[str, Any] = {"index": c.index}
+            function: dict[str, str] = {"arguments": c.arguments}
+            if c.id:
+                call |= {"id": c.id, "type": "function"}
+            if c.name:
+                function["name"] = c.name
+            calls.append(call | {"function": function})
+        delta["tool_calls"] = calls
+    return delta
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
@@ -77,11 +101,21 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: FinishedEvent | None = None
+    # chat answers split by a ChatOutput: `text` holds the content only
+    reasoning: list[str] = field(default_factory=list)
+    calls: tuple[ParsedCall, ...] = ()
 
-    def add(self, event: DeltaEvent) -> None:
-        self.text.append(event.text)
+    def add(self, event: DeltaEvent, piece: ChatPiece | None = None) -> None:
         self.token_ids.extend(event.token_ids)
         self.logprobs.extend(event.logprobs)
+        if piece is None:
+            self.text.append(event.text)
+        else:
+            self.add_piece(piece)
+
+    def add_piece(self, piece: ChatPiece) -> None:
+        self.text.append(piece.content)
+        self.reasoning.append(piece.reasoning)
 
 
 def _envelope(obj: str, id_: str, created: int, model: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -96,7 +130,16 @@ def chat_response(
     logprobs: dict[str, Any] | None,
     prompt_token_ids: Sequence[int] | None,
 ) -> dict[str, Any]:
-    message = {"message": {"role": "assistant", "content": "".join(done.text)}}
+    content = "".join(done.text)
+    body: dict[str, Any] = {"role": "assistant", "content": content if content or not done.calls else None}
+    if reasoning := "".join(done.reasoning):
+        body["reasoning_content"] = reasoning
+    if done.calls:
+        body["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+            for c in done.calls
+        ]
+    message = {"message": body}
     return _final_response("chat.completion", id_, created, model, done, message, logprobs, prompt_token_ids)
 
 
@@ -130,7 +173,7 @@ def _final_response(
         "index": 0,
         **content,
         "logprobs": logprobs,
-        "finish_reason": finish_reason(done.finished.reason),
+        "finish_reason": finish_reason(done.finished.reason, done.calls),
     }
     body = _envelope(object_, id_, created, model, [choice])
     body["usage"] = usage_json(done.finished.usage)

@@ -32,6 +32,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ToolChoiceMode: how free the model is to call tools.
+type ToolChoiceMode int32
+
+const (
+	// Unset: auto.
+	ToolChoiceMode_TOOL_CHOICE_MODE_UNSPECIFIED ToolChoiceMode = 0
+	// The model decides; a call, once begun, is held to the tools' schemas.
+	ToolChoiceMode_TOOL_CHOICE_MODE_AUTO ToolChoiceMode = 1
+	// No calls: the answer is text (the tools are still rendered into the prompt).
+	ToolChoiceMode_TOOL_CHOICE_MODE_NONE ToolChoiceMode = 2
+	// The answer is one or more calls of the given tools whose arguments match their schemas
+	// (enforced by constrained decoding).
+	ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED ToolChoiceMode = 3
+)
+
+// Enum value maps for ToolChoiceMode.
+var (
+	ToolChoiceMode_name = map[int32]string{
+		0: "TOOL_CHOICE_MODE_UNSPECIFIED",
+		1: "TOOL_CHOICE_MODE_AUTO",
+		2: "TOOL_CHOICE_MODE_NONE",
+		3: "TOOL_CHOICE_MODE_REQUIRED",
+	}
+	ToolChoiceMode_value = map[string]int32{
+		"TOOL_CHOICE_MODE_UNSPECIFIED": 0,
+		"TOOL_CHOICE_MODE_AUTO":        1,
+		"TOOL_CHOICE_MODE_NONE":        2,
+		"TOOL_CHOICE_MODE_REQUIRED":    3,
+	}
+)
+
+func (x ToolChoiceMode) Enum() *ToolChoiceMode {
+	p := new(ToolChoiceMode)
+	*p = x
+	return p
+}
+
+func (x ToolChoiceMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ToolChoiceMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_hyserve_v1_hyserve_proto_enumTypes[0].Descriptor()
+}
+
+func (ToolChoiceMode) Type() protoreflect.EnumType {
+	return &file_hyserve_v1_hyserve_proto_enumTypes[0]
+}
+
+func (x ToolChoiceMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ToolChoiceMode.Descriptor instead.
+func (ToolChoiceMode) EnumDescriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{0}
+}
+
 // ReuseSource says where the reused prompt state came from.
 type ReuseSource int32
 
@@ -78,11 +136,11 @@ func (x ReuseSource) String() string {
 }
 
 func (ReuseSource) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[0].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[1].Descriptor()
 }
 
 func (ReuseSource) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[0]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[1]
 }
 
 func (x ReuseSource) Number() protoreflect.EnumNumber {
@@ -91,7 +149,7 @@ func (x ReuseSource) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReuseSource.Descriptor instead.
 func (ReuseSource) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{0}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{1}
 }
 
 // FinishReason says why generation ended.
@@ -112,6 +170,8 @@ const (
 	FinishReason_FINISH_REASON_CONTEXT_FULL FinishReason = 5
 	// The task was stopped by the Cancel RPC.
 	FinishReason_FINISH_REASON_CANCELLED FinishReason = 6
+	// The answer ended with one or more tool calls (Finished.tool_calls).
+	FinishReason_FINISH_REASON_TOOL_CALLS FinishReason = 7
 )
 
 // Enum value maps for FinishReason.
@@ -124,6 +184,7 @@ var (
 		4: "FINISH_REASON_MAX_TOKENS",
 		5: "FINISH_REASON_CONTEXT_FULL",
 		6: "FINISH_REASON_CANCELLED",
+		7: "FINISH_REASON_TOOL_CALLS",
 	}
 	FinishReason_value = map[string]int32{
 		"FINISH_REASON_UNSPECIFIED":  0,
@@ -133,6 +194,7 @@ var (
 		"FINISH_REASON_MAX_TOKENS":   4,
 		"FINISH_REASON_CONTEXT_FULL": 5,
 		"FINISH_REASON_CANCELLED":    6,
+		"FINISH_REASON_TOOL_CALLS":   7,
 	}
 )
 
@@ -147,11 +209,11 @@ func (x FinishReason) String() string {
 }
 
 func (FinishReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[1].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[2].Descriptor()
 }
 
 func (FinishReason) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[1]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[2]
 }
 
 func (x FinishReason) Number() protoreflect.EnumNumber {
@@ -160,7 +222,7 @@ func (x FinishReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FinishReason.Descriptor instead.
 func (FinishReason) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{1}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{2}
 }
 
 // CancelStatus is the outcome of a Cancel.
@@ -212,11 +274,11 @@ func (x CancelStatus) String() string {
 }
 
 func (CancelStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[2].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[3].Descriptor()
 }
 
 func (CancelStatus) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[2]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[3]
 }
 
 func (x CancelStatus) Number() protoreflect.EnumNumber {
@@ -225,7 +287,7 @@ func (x CancelStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CancelStatus.Descriptor instead.
 func (CancelStatus) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{2}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{3}
 }
 
 // SlotState is what a slot is doing.
@@ -269,11 +331,11 @@ func (x SlotState) String() string {
 }
 
 func (SlotState) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[3].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[4].Descriptor()
 }
 
 func (SlotState) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[3]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[4]
 }
 
 func (x SlotState) Number() protoreflect.EnumNumber {
@@ -282,7 +344,7 @@ func (x SlotState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SlotState.Descriptor instead.
 func (SlotState) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{3}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{4}
 }
 
 // CheckpointKind says why a checkpoint was taken.
@@ -330,11 +392,11 @@ func (x CheckpointKind) String() string {
 }
 
 func (CheckpointKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[4].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[5].Descriptor()
 }
 
 func (CheckpointKind) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[4]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[5]
 }
 
 func (x CheckpointKind) Number() protoreflect.EnumNumber {
@@ -343,7 +405,7 @@ func (x CheckpointKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CheckpointKind.Descriptor instead.
 func (CheckpointKind) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{4}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{5}
 }
 
 // MemoryKind is the kind of per-sequence memory a model keeps.
@@ -392,11 +454,11 @@ func (x MemoryKind) String() string {
 }
 
 func (MemoryKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[5].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[6].Descriptor()
 }
 
 func (MemoryKind) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[5]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[6]
 }
 
 func (x MemoryKind) Number() protoreflect.EnumNumber {
@@ -405,7 +467,7 @@ func (x MemoryKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MemoryKind.Descriptor instead.
 func (MemoryKind) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{5}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{6}
 }
 
 // GenerateRequest asks for one completion of one input.
@@ -693,8 +755,20 @@ type ChatInput struct {
 	// Extra variables passed to the chat template, as JSON values, e.g. {"enable_thinking": false}
 	// or {"tools": [...]}. Typed (not strings) because templates test values for truthiness.
 	ChatTemplateKwargs *structpb.Struct `protobuf:"bytes,3,opt,name=chat_template_kwargs,json=chatTemplateKwargs,proto3" json:"chat_template_kwargs,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Functions the model may call, rendered by the chat template (as OpenAI's `tools`). With tools,
+	// the model's calls are parsed out of its text (Delta.tool_calls, Finished.tool_calls) in the
+	// format its chat template uses. Tools given here and under chat_template_kwargs.tools: refused.
+	Tools []*Tool `protobuf:"bytes,4,rep,name=tools,proto3" json:"tools,omitempty"`
+	// Whether and which tool the model must call. Unset: auto (the model decides).
+	ToolChoice *ToolChoice `protobuf:"bytes,5,opt,name=tool_choice,json=toolChoice,proto3" json:"tool_choice,omitempty"`
+	// Allow several calls in one answer. Unset: true.
+	ParallelToolCalls *bool `protobuf:"varint,6,opt,name=parallel_tool_calls,json=parallelToolCalls,proto3,oneof" json:"parallel_tool_calls,omitempty"`
+	// Split the answer's reasoning (between the template's thinking markers) and its tool calls out
+	// of Delta.text into Delta.reasoning and Delta.tool_calls. False: Delta.text is the raw text.
+	// Unset: true.
+	ParseOutput   *bool `protobuf:"varint,7,opt,name=parse_output,json=parseOutput,proto3,oneof" json:"parse_output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ChatInput) Reset() {
@@ -748,6 +822,250 @@ func (x *ChatInput) GetChatTemplateKwargs() *structpb.Struct {
 	return nil
 }
 
+func (x *ChatInput) GetTools() []*Tool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *ChatInput) GetToolChoice() *ToolChoice {
+	if x != nil {
+		return x.ToolChoice
+	}
+	return nil
+}
+
+func (x *ChatInput) GetParallelToolCalls() bool {
+	if x != nil && x.ParallelToolCalls != nil {
+		return *x.ParallelToolCalls
+	}
+	return false
+}
+
+func (x *ChatInput) GetParseOutput() bool {
+	if x != nil && x.ParseOutput != nil {
+		return *x.ParseOutput
+	}
+	return false
+}
+
+// Tool is one function the model may call.
+type Tool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Function name: 1-64 characters from [A-Za-z0-9_.-].
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// What the function does, for the model.
+	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// The arguments as a JSON Schema object, in JSON text (e.g. {"type": "object", "properties":
+	// {...}, "required": [...]}). Empty: no arguments. Text rather than Struct keeps integers integers.
+	ParametersJson string `protobuf:"bytes,3,opt,name=parameters_json,json=parametersJson,proto3" json:"parameters_json,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Tool) Reset() {
+	*x = Tool{}
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tool) ProtoMessage() {}
+
+func (x *Tool) ProtoReflect() protoreflect.Message {
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tool.ProtoReflect.Descriptor instead.
+func (*Tool) Descriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Tool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Tool) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Tool) GetParametersJson() string {
+	if x != nil {
+		return x.ParametersJson
+	}
+	return ""
+}
+
+// ToolChoice says whether the model must call a tool.
+type ToolChoice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A mode or one function by name.
+	//
+	// Types that are valid to be assigned to Choice:
+	//
+	//	*ToolChoice_Mode
+	//	*ToolChoice_Function
+	Choice        isToolChoice_Choice `protobuf_oneof:"choice"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolChoice) Reset() {
+	*x = ToolChoice{}
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolChoice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolChoice) ProtoMessage() {}
+
+func (x *ToolChoice) ProtoReflect() protoreflect.Message {
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolChoice.ProtoReflect.Descriptor instead.
+func (*ToolChoice) Descriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ToolChoice) GetChoice() isToolChoice_Choice {
+	if x != nil {
+		return x.Choice
+	}
+	return nil
+}
+
+func (x *ToolChoice) GetMode() ToolChoiceMode {
+	if x != nil {
+		if x, ok := x.Choice.(*ToolChoice_Mode); ok {
+			return x.Mode
+		}
+	}
+	return ToolChoiceMode_TOOL_CHOICE_MODE_UNSPECIFIED
+}
+
+func (x *ToolChoice) GetFunction() string {
+	if x != nil {
+		if x, ok := x.Choice.(*ToolChoice_Function); ok {
+			return x.Function
+		}
+	}
+	return ""
+}
+
+type isToolChoice_Choice interface {
+	isToolChoice_Choice()
+}
+
+type ToolChoice_Mode struct {
+	// auto, none or required.
+	Mode ToolChoiceMode `protobuf:"varint,1,opt,name=mode,proto3,enum=hyserve.v1.ToolChoiceMode,oneof"`
+}
+
+type ToolChoice_Function struct {
+	// The model must call this function (one of ChatInput.tools).
+	Function string `protobuf:"bytes,2,opt,name=function,proto3,oneof"`
+}
+
+func (*ToolChoice_Mode) isToolChoice_Choice() {}
+
+func (*ToolChoice_Function) isToolChoice_Choice() {}
+
+// ToolCall is one call the model made (in Finished) or made earlier (in an assistant ChatMessage).
+type ToolCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id of the call ("call_..."); a "tool" message answers it with ChatMessage.tool_call_id.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Name of the function.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The arguments as a JSON object, in JSON text.
+	ArgumentsJson string `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCall) Reset() {
+	*x = ToolCall{}
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCall) ProtoMessage() {}
+
+func (x *ToolCall) ProtoReflect() protoreflect.Message {
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
+func (*ToolCall) Descriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ToolCall) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ToolCall) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCall) GetArgumentsJson() string {
+	if x != nil {
+		return x.ArgumentsJson
+	}
+	return ""
+}
+
 // ChatMessage is one turn of a conversation.
 type ChatMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -760,13 +1078,18 @@ type ChatMessage struct {
 	// Optional reasoning ("thinking") text of an assistant message, for templates that render or
 	// drop it separately from the content.
 	ReasoningContent *string `protobuf:"bytes,4,opt,name=reasoning_content,json=reasoningContent,proto3,oneof" json:"reasoning_content,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Calls an assistant message made (an earlier turn of a tool loop); rendered by the template
+	// with their arguments as a mapping, as Hugging Face transformers passes them.
+	ToolCalls []*ToolCall `protobuf:"bytes,5,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// For a "tool" message: the id of the call it answers.
+	ToolCallId    *string `protobuf:"bytes,6,opt,name=tool_call_id,json=toolCallId,proto3,oneof" json:"tool_call_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[4]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +1101,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[4]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +1114,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{4}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -822,6 +1145,20 @@ func (x *ChatMessage) GetReasoningContent() string {
 	return ""
 }
 
+func (x *ChatMessage) GetToolCalls() []*ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *ChatMessage) GetToolCallId() string {
+	if x != nil && x.ToolCallId != nil {
+		return *x.ToolCallId
+	}
+	return ""
+}
+
 // SamplingParams chooses the next token. Every field is optional; unset means the server default
 // given in the field's comment. Defaults and ranges follow llama.cpp.
 type SamplingParams struct {
@@ -845,14 +1182,18 @@ type SamplingParams struct {
 	FrequencyPenalty *float32 `protobuf:"fixed32,7,opt,name=frequency_penalty,json=frequencyPenalty,proto3,oneof" json:"frequency_penalty,omitempty"`
 	// Seed of the task's random generator; the same seed and request give the same tokens.
 	// Unset: a random seed. Ignored for greedy decoding.
-	Seed          *uint64 `protobuf:"varint,8,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	Seed *uint64 `protobuf:"varint,8,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	// Restrict the output to a language (a JSON Schema, any JSON object, a regex or a grammar):
+	// before each token is chosen, every token that cannot continue a valid output is removed.
+	// Unset: no constraint. A constraint that does not compile is INVALID_ARGUMENT naming the field.
+	Constraint    *Constraint `protobuf:"bytes,9,opt,name=constraint,proto3" json:"constraint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[5]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +1205,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[5]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +1218,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{5}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -936,6 +1277,135 @@ func (x *SamplingParams) GetSeed() uint64 {
 	return 0
 }
 
+func (x *SamplingParams) GetConstraint() *Constraint {
+	if x != nil {
+		return x.Constraint
+	}
+	return nil
+}
+
+// Constraint is the language the output must belong to; exactly one kind is set.
+type Constraint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The kind of language and its definition.
+	//
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*Constraint_JsonSchema
+	//	*Constraint_JsonObject
+	//	*Constraint_Regex
+	//	*Constraint_Grammar
+	Kind          isConstraint_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Constraint) Reset() {
+	*x = Constraint{}
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Constraint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Constraint) ProtoMessage() {}
+
+func (x *Constraint) ProtoReflect() protoreflect.Message {
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Constraint.ProtoReflect.Descriptor instead.
+func (*Constraint) Descriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Constraint) GetKind() isConstraint_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *Constraint) GetJsonSchema() string {
+	if x != nil {
+		if x, ok := x.Kind.(*Constraint_JsonSchema); ok {
+			return x.JsonSchema
+		}
+	}
+	return ""
+}
+
+func (x *Constraint) GetJsonObject() bool {
+	if x != nil {
+		if x, ok := x.Kind.(*Constraint_JsonObject); ok {
+			return x.JsonObject
+		}
+	}
+	return false
+}
+
+func (x *Constraint) GetRegex() string {
+	if x != nil {
+		if x, ok := x.Kind.(*Constraint_Regex); ok {
+			return x.Regex
+		}
+	}
+	return ""
+}
+
+func (x *Constraint) GetGrammar() string {
+	if x != nil {
+		if x, ok := x.Kind.(*Constraint_Grammar); ok {
+			return x.Grammar
+		}
+	}
+	return ""
+}
+
+type isConstraint_Kind interface {
+	isConstraint_Kind()
+}
+
+type Constraint_JsonSchema struct {
+	// A JSON Schema, in JSON text: the output is one JSON value that validates against it.
+	JsonSchema string `protobuf:"bytes,1,opt,name=json_schema,json=jsonSchema,proto3,oneof"`
+}
+
+type Constraint_JsonObject struct {
+	// The output is one JSON object (any keys and values). Must be true when set.
+	JsonObject bool `protobuf:"varint,2,opt,name=json_object,json=jsonObject,proto3,oneof"`
+}
+
+type Constraint_Regex struct {
+	// A regular expression the whole output must match.
+	Regex string `protobuf:"bytes,3,opt,name=regex,proto3,oneof"`
+}
+
+type Constraint_Grammar struct {
+	// A Lark grammar (the llguidance dialect, which can embed JSON Schemas with %json) the whole
+	// output must match, starting at its `start` rule.
+	Grammar string `protobuf:"bytes,4,opt,name=grammar,proto3,oneof"`
+}
+
+func (*Constraint_JsonSchema) isConstraint_Kind() {}
+
+func (*Constraint_JsonObject) isConstraint_Kind() {}
+
+func (*Constraint_Regex) isConstraint_Kind() {}
+
+func (*Constraint_Grammar) isConstraint_Kind() {}
+
 // StoppingCriteria says when generation ends. The first condition met wins.
 type StoppingCriteria struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -955,7 +1425,7 @@ type StoppingCriteria struct {
 
 func (x *StoppingCriteria) Reset() {
 	*x = StoppingCriteria{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[6]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1437,7 @@ func (x *StoppingCriteria) String() string {
 func (*StoppingCriteria) ProtoMessage() {}
 
 func (x *StoppingCriteria) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[6]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1450,7 @@ func (x *StoppingCriteria) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoppingCriteria.ProtoReflect.Descriptor instead.
 func (*StoppingCriteria) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{6}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StoppingCriteria) GetMaxTokens() uint32 {
@@ -1029,7 +1499,7 @@ type CacheOptions struct {
 
 func (x *CacheOptions) Reset() {
 	*x = CacheOptions{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[7]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1511,7 @@ func (x *CacheOptions) String() string {
 func (*CacheOptions) ProtoMessage() {}
 
 func (x *CacheOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[7]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1524,7 @@ func (x *CacheOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheOptions.ProtoReflect.Descriptor instead.
 func (*CacheOptions) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{7}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CacheOptions) GetCachePrompt() bool {
@@ -1088,7 +1558,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[8]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1570,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[8]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1583,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{8}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GenerateResponse) GetEvent() isGenerateResponse_Event {
@@ -1203,7 +1673,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[9]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1685,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[9]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1698,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{9}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Accepted) GetTaskId() string {
@@ -1292,14 +1762,19 @@ type Delta struct {
 	Text string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
 	// One entry per token in token_ids, when GenerateRequest.logprobs or top_logprobs was set;
 	// empty otherwise.
-	Logprobs      []*TokenLogprob `protobuf:"bytes,3,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	Logprobs []*TokenLogprob `protobuf:"bytes,3,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// Chat input with ChatInput.parse_output: reasoning text, split out of `text` (which then holds
+	// only the answer's content).
+	Reasoning string `protobuf:"bytes,4,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	// Chat input with tools and ChatInput.parse_output: pieces of tool calls parsed out of `text`.
+	ToolCalls     []*ToolCallDelta `protobuf:"bytes,5,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Delta) Reset() {
 	*x = Delta{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[10]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1786,7 @@ func (x *Delta) String() string {
 func (*Delta) ProtoMessage() {}
 
 func (x *Delta) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[10]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1799,7 @@ func (x *Delta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delta.ProtoReflect.Descriptor instead.
 func (*Delta) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{10}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Delta) GetTokenIds() []uint32 {
@@ -1348,6 +1823,95 @@ func (x *Delta) GetLogprobs() []*TokenLogprob {
 	return nil
 }
 
+func (x *Delta) GetReasoning() string {
+	if x != nil {
+		return x.Reasoning
+	}
+	return ""
+}
+
+func (x *Delta) GetToolCalls() []*ToolCallDelta {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+// ToolCallDelta is a piece of one tool call being generated, in OpenAI's streaming shape: the
+// first piece of a call carries its id and name, later ones fragments of its arguments JSON.
+type ToolCallDelta struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Index of the call within the answer (0, 1, ... for parallel calls).
+	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// Id of the call; set on its first piece only.
+	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Function name; set on its first piece only.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The next fragment of the arguments JSON text; the fragments of a call concatenate to
+	// Finished.tool_calls[index].arguments_json.
+	ArgumentsFragment string `protobuf:"bytes,4,opt,name=arguments_fragment,json=argumentsFragment,proto3" json:"arguments_fragment,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ToolCallDelta) Reset() {
+	*x = ToolCallDelta{}
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallDelta) ProtoMessage() {}
+
+func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
+func (*ToolCallDelta) Descriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ToolCallDelta) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ToolCallDelta) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetArgumentsFragment() string {
+	if x != nil {
+		return x.ArgumentsFragment
+	}
+	return ""
+}
+
 // TokenLogprob is the log-probability of one sampled token and its most likely alternatives.
 type TokenLogprob struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1365,7 +1929,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[11]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1941,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[11]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1954,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{11}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TokenLogprob) GetTokenId() uint32 {
@@ -1436,7 +2000,7 @@ type TopLogprob struct {
 
 func (x *TopLogprob) Reset() {
 	*x = TopLogprob{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[12]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +2012,7 @@ func (x *TopLogprob) String() string {
 func (*TopLogprob) ProtoMessage() {}
 
 func (x *TopLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[12]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +2025,7 @@ func (x *TopLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLogprob.ProtoReflect.Descriptor instead.
 func (*TopLogprob) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{12}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TopLogprob) GetTokenId() uint32 {
@@ -1497,14 +2061,17 @@ type Finished struct {
 	// Token counts of the task.
 	Usage *Usage `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
 	// Wall-clock timings of the task.
-	Timings       *Timings `protobuf:"bytes,5,opt,name=timings,proto3" json:"timings,omitempty"`
+	Timings *Timings `protobuf:"bytes,5,opt,name=timings,proto3" json:"timings,omitempty"`
+	// Chat input with tools: the complete calls the answer made, in order (then reason is
+	// FINISH_REASON_TOOL_CALLS).
+	ToolCalls     []*ToolCall `protobuf:"bytes,6,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Finished) Reset() {
 	*x = Finished{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[13]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +2083,7 @@ func (x *Finished) String() string {
 func (*Finished) ProtoMessage() {}
 
 func (x *Finished) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[13]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +2096,7 @@ func (x *Finished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Finished.ProtoReflect.Descriptor instead.
 func (*Finished) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{13}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Finished) GetReason() FinishReason {
@@ -1567,6 +2134,13 @@ func (x *Finished) GetTimings() *Timings {
 	return nil
 }
 
+func (x *Finished) GetToolCalls() []*ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
 // Usage counts the tokens of one task.
 type Usage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1584,7 +2158,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[14]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1596,7 +2170,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[14]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1609,7 +2183,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{14}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Usage) GetPromptTokens() uint32 {
@@ -1657,7 +2231,7 @@ type Timings struct {
 
 func (x *Timings) Reset() {
 	*x = Timings{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[15]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +2243,7 @@ func (x *Timings) String() string {
 func (*Timings) ProtoMessage() {}
 
 func (x *Timings) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[15]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +2256,7 @@ func (x *Timings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Timings.ProtoReflect.Descriptor instead.
 func (*Timings) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{15}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Timings) GetQueueMs() float64 {
@@ -1726,7 +2300,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[16]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +2312,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[16]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +2325,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{16}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CancelRequest) GetTaskId() string {
@@ -1772,7 +2346,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[17]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1784,7 +2358,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[17]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1797,7 +2371,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{17}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CancelResponse) GetStatus() CancelStatus {
@@ -1816,7 +2390,7 @@ type CacheStatsRequest struct {
 
 func (x *CacheStatsRequest) Reset() {
 	*x = CacheStatsRequest{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[18]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1828,7 +2402,7 @@ func (x *CacheStatsRequest) String() string {
 func (*CacheStatsRequest) ProtoMessage() {}
 
 func (x *CacheStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[18]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1841,7 +2415,7 @@ func (x *CacheStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheStatsRequest.ProtoReflect.Descriptor instead.
 func (*CacheStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{18}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{23}
 }
 
 // CacheStatsResponse is a snapshot of the prompt cache and its cumulative counters.
@@ -1861,7 +2435,7 @@ type CacheStatsResponse struct {
 
 func (x *CacheStatsResponse) Reset() {
 	*x = CacheStatsResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[19]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2447,7 @@ func (x *CacheStatsResponse) String() string {
 func (*CacheStatsResponse) ProtoMessage() {}
 
 func (x *CacheStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[19]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2460,7 @@ func (x *CacheStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheStatsResponse.ProtoReflect.Descriptor instead.
 func (*CacheStatsResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{19}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CacheStatsResponse) GetSlots() []*SlotStats {
@@ -1932,7 +2506,7 @@ type MemoryUsage struct {
 
 func (x *MemoryUsage) Reset() {
 	*x = MemoryUsage{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1944,7 +2518,7 @@ func (x *MemoryUsage) String() string {
 func (*MemoryUsage) ProtoMessage() {}
 
 func (x *MemoryUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1957,7 +2531,7 @@ func (x *MemoryUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryUsage.ProtoReflect.Descriptor instead.
 func (*MemoryUsage) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{20}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MemoryUsage) GetDeviceBytes() uint64 {
@@ -1993,7 +2567,7 @@ type SlotStats struct {
 
 func (x *SlotStats) Reset() {
 	*x = SlotStats{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2579,7 @@ func (x *SlotStats) String() string {
 func (*SlotStats) ProtoMessage() {}
 
 func (x *SlotStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2592,7 @@ func (x *SlotStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlotStats.ProtoReflect.Descriptor instead.
 func (*SlotStats) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{21}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SlotStats) GetIndex() uint32 {
@@ -2075,7 +2649,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2661,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2674,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{22}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CheckpointInfo) GetPosition() uint32 {
@@ -2146,7 +2720,7 @@ type PrefixStoreStats struct {
 
 func (x *PrefixStoreStats) Reset() {
 	*x = PrefixStoreStats{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2158,7 +2732,7 @@ func (x *PrefixStoreStats) String() string {
 func (*PrefixStoreStats) ProtoMessage() {}
 
 func (x *PrefixStoreStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2171,7 +2745,7 @@ func (x *PrefixStoreStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefixStoreStats.ProtoReflect.Descriptor instead.
 func (*PrefixStoreStats) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{23}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PrefixStoreStats) GetEntries() uint32 {
@@ -2242,7 +2816,7 @@ type CacheCounters struct {
 
 func (x *CacheCounters) Reset() {
 	*x = CacheCounters{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2828,7 @@ func (x *CacheCounters) String() string {
 func (*CacheCounters) ProtoMessage() {}
 
 func (x *CacheCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2841,7 @@ func (x *CacheCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheCounters.ProtoReflect.Descriptor instead.
 func (*CacheCounters) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{24}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CacheCounters) GetPromptTokensReceived() uint64 {
@@ -2384,7 +2958,7 @@ type ModelInfoRequest struct {
 
 func (x *ModelInfoRequest) Reset() {
 	*x = ModelInfoRequest{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2396,7 +2970,7 @@ func (x *ModelInfoRequest) String() string {
 func (*ModelInfoRequest) ProtoMessage() {}
 
 func (x *ModelInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2409,7 +2983,7 @@ func (x *ModelInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfoRequest.ProtoReflect.Descriptor instead.
 func (*ModelInfoRequest) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{25}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{30}
 }
 
 // ModelInfoResponse describes the loaded model and the server.
@@ -2455,7 +3029,7 @@ type ModelInfoResponse struct {
 
 func (x *ModelInfoResponse) Reset() {
 	*x = ModelInfoResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +3041,7 @@ func (x *ModelInfoResponse) String() string {
 func (*ModelInfoResponse) ProtoMessage() {}
 
 func (x *ModelInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +3054,7 @@ func (x *ModelInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfoResponse.ProtoReflect.Descriptor instead.
 func (*ModelInfoResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{26}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ModelInfoResponse) GetModelPath() string {
@@ -2614,19 +3188,44 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x0e_parse_special\")\n" +
 	"\n" +
 	"TokenInput\x12\x1b\n" +
-	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\"\xde\x01\n" +
+	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\"\xc5\x03\n" +
 	"\tChatInput\x123\n" +
 	"\bmessages\x18\x01 \x03(\v2\x17.hyserve.v1.ChatMessageR\bmessages\x127\n" +
 	"\x15add_generation_prompt\x18\x02 \x01(\bH\x00R\x13addGenerationPrompt\x88\x01\x01\x12I\n" +
-	"\x14chat_template_kwargs\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x12chatTemplateKwargsB\x18\n" +
-	"\x16_add_generation_prompt\"\xa5\x01\n" +
+	"\x14chat_template_kwargs\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x12chatTemplateKwargs\x12&\n" +
+	"\x05tools\x18\x04 \x03(\v2\x10.hyserve.v1.ToolR\x05tools\x127\n" +
+	"\vtool_choice\x18\x05 \x01(\v2\x16.hyserve.v1.ToolChoiceR\n" +
+	"toolChoice\x123\n" +
+	"\x13parallel_tool_calls\x18\x06 \x01(\bH\x01R\x11parallelToolCalls\x88\x01\x01\x12&\n" +
+	"\fparse_output\x18\a \x01(\bH\x02R\vparseOutput\x88\x01\x01B\x18\n" +
+	"\x16_add_generation_promptB\x16\n" +
+	"\x14_parallel_tool_callsB\x0f\n" +
+	"\r_parse_output\"e\n" +
+	"\x04Tool\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12'\n" +
+	"\x0fparameters_json\x18\x03 \x01(\tR\x0eparametersJson\"f\n" +
+	"\n" +
+	"ToolChoice\x120\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x1a.hyserve.v1.ToolChoiceModeH\x00R\x04mode\x12\x1c\n" +
+	"\bfunction\x18\x02 \x01(\tH\x00R\bfunctionB\b\n" +
+	"\x06choice\"U\n" +
+	"\bToolCall\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12%\n" +
+	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJson\"\x92\x02\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12\x17\n" +
 	"\x04name\x18\x03 \x01(\tH\x00R\x04name\x88\x01\x01\x120\n" +
-	"\x11reasoning_content\x18\x04 \x01(\tH\x01R\x10reasoningContent\x88\x01\x01B\a\n" +
+	"\x11reasoning_content\x18\x04 \x01(\tH\x01R\x10reasoningContent\x88\x01\x01\x123\n" +
+	"\n" +
+	"tool_calls\x18\x05 \x03(\v2\x14.hyserve.v1.ToolCallR\ttoolCalls\x12%\n" +
+	"\ftool_call_id\x18\x06 \x01(\tH\x02R\n" +
+	"toolCallId\x88\x01\x01B\a\n" +
 	"\x05_nameB\x14\n" +
-	"\x12_reasoning_content\"\xad\x03\n" +
+	"\x12_reasoning_contentB\x0f\n" +
+	"\r_tool_call_id\"\xe5\x03\n" +
 	"\x0eSamplingParams\x12%\n" +
 	"\vtemperature\x18\x01 \x01(\x02H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
 	"\x05top_k\x18\x02 \x01(\x05H\x01R\x04topK\x88\x01\x01\x12\x18\n" +
@@ -2635,7 +3234,10 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x12repetition_penalty\x18\x05 \x01(\x02H\x04R\x11repetitionPenalty\x88\x01\x01\x12.\n" +
 	"\x10presence_penalty\x18\x06 \x01(\x02H\x05R\x0fpresencePenalty\x88\x01\x01\x120\n" +
 	"\x11frequency_penalty\x18\a \x01(\x02H\x06R\x10frequencyPenalty\x88\x01\x01\x12\x17\n" +
-	"\x04seed\x18\b \x01(\x04H\aR\x04seed\x88\x01\x01B\x0e\n" +
+	"\x04seed\x18\b \x01(\x04H\aR\x04seed\x88\x01\x01\x126\n" +
+	"\n" +
+	"constraint\x18\t \x01(\v2\x16.hyserve.v1.ConstraintR\n" +
+	"constraintB\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_kB\b\n" +
 	"\x06_top_pB\b\n" +
@@ -2643,7 +3245,16 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x13_repetition_penaltyB\x13\n" +
 	"\x11_presence_penaltyB\x14\n" +
 	"\x12_frequency_penaltyB\a\n" +
-	"\x05_seed\"\xad\x01\n" +
+	"\x05_seed\"\x8e\x01\n" +
+	"\n" +
+	"Constraint\x12!\n" +
+	"\vjson_schema\x18\x01 \x01(\tH\x00R\n" +
+	"jsonSchema\x12!\n" +
+	"\vjson_object\x18\x02 \x01(\bH\x00R\n" +
+	"jsonObject\x12\x16\n" +
+	"\x05regex\x18\x03 \x01(\tH\x00R\x05regex\x12\x1a\n" +
+	"\agrammar\x18\x04 \x01(\tH\x00R\agrammarB\x06\n" +
+	"\x04kind\"\xad\x01\n" +
 	"\x10StoppingCriteria\x12\"\n" +
 	"\n" +
 	"max_tokens\x18\x01 \x01(\rH\x00R\tmaxTokens\x88\x01\x01\x12!\n" +
@@ -2669,11 +3280,19 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\rreused_tokens\x18\x04 \x01(\rR\freusedTokens\x12:\n" +
 	"\freuse_source\x18\x05 \x01(\x0e2\x17.hyserve.v1.ReuseSourceR\vreuseSource\x12%\n" +
 	"\x0ematched_tokens\x18\x06 \x01(\rR\rmatchedTokens\x12)\n" +
-	"\x10reprocess_reason\x18\a \x01(\tR\x0freprocessReason\"n\n" +
+	"\x10reprocess_reason\x18\a \x01(\tR\x0freprocessReason\"\xc6\x01\n" +
 	"\x05Delta\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x124\n" +
-	"\blogprobs\x18\x03 \x03(\v2\x18.hyserve.v1.TokenLogprobR\blogprobs\"\x94\x01\n" +
+	"\blogprobs\x18\x03 \x03(\v2\x18.hyserve.v1.TokenLogprobR\blogprobs\x12\x1c\n" +
+	"\treasoning\x18\x04 \x01(\tR\treasoning\x128\n" +
+	"\n" +
+	"tool_calls\x18\x05 \x03(\v2\x19.hyserve.v1.ToolCallDeltaR\ttoolCalls\"x\n" +
+	"\rToolCallDelta\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12-\n" +
+	"\x12arguments_fragment\x18\x04 \x01(\tR\x11argumentsFragment\"\x94\x01\n" +
 	"\fTokenLogprob\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\rR\atokenId\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12\x14\n" +
@@ -2683,14 +3302,16 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"TopLogprob\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\rR\atokenId\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12\x14\n" +
-	"\x05piece\x18\x03 \x01(\fR\x05piece\"\xf0\x01\n" +
+	"\x05piece\x18\x03 \x01(\fR\x05piece\"\xa5\x02\n" +
 	"\bFinished\x120\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x18.hyserve.v1.FinishReasonR\x06reason\x12\x1f\n" +
 	"\vstop_string\x18\x02 \x01(\tR\n" +
 	"stopString\x12'\n" +
 	"\rstop_token_id\x18\x03 \x01(\rH\x00R\vstopTokenId\x88\x01\x01\x12'\n" +
 	"\x05usage\x18\x04 \x01(\v2\x11.hyserve.v1.UsageR\x05usage\x12-\n" +
-	"\atimings\x18\x05 \x01(\v2\x13.hyserve.v1.TimingsR\atimingsB\x10\n" +
+	"\atimings\x18\x05 \x01(\v2\x13.hyserve.v1.TimingsR\atimings\x123\n" +
+	"\n" +
+	"tool_calls\x18\x06 \x03(\v2\x14.hyserve.v1.ToolCallR\ttoolCallsB\x10\n" +
 	"\x0e_stop_token_id\"\xc3\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\rR\fpromptTokens\x120\n" +
@@ -2779,13 +3400,18 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\vdevice_name\x18\x0e \x01(\tR\n" +
 	"deviceName\x12!\n" +
 	"\fgpu_numerics\x18\x0f \x01(\tR\vgpuNumericsB\x0f\n" +
-	"\r_bos_token_id*\x9a\x01\n" +
+	"\r_bos_token_id*\x87\x01\n" +
+	"\x0eToolChoiceMode\x12 \n" +
+	"\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n" +
+	"\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n" +
+	"\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*\x9a\x01\n" +
 	"\vReuseSource\x12\x1c\n" +
 	"\x18REUSE_SOURCE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REUSE_SOURCE_NONE\x10\x01\x12\x1a\n" +
 	"\x16REUSE_SOURCE_SLOT_LIVE\x10\x02\x12\x1b\n" +
 	"\x17REUSE_SOURCE_CHECKPOINT\x10\x03\x12\x1d\n" +
-	"\x19REUSE_SOURCE_PREFIX_STORE\x10\x04*\xdc\x01\n" +
+	"\x19REUSE_SOURCE_PREFIX_STORE\x10\x04*\xfa\x01\n" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11FINISH_REASON_EOS\x10\x01\x12\x1d\n" +
@@ -2793,7 +3419,8 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x18FINISH_REASON_STOP_TOKEN\x10\x03\x12\x1c\n" +
 	"\x18FINISH_REASON_MAX_TOKENS\x10\x04\x12\x1e\n" +
 	"\x1aFINISH_REASON_CONTEXT_FULL\x10\x05\x12\x1b\n" +
-	"\x17FINISH_REASON_CANCELLED\x10\x06*\x89\x01\n" +
+	"\x17FINISH_REASON_CANCELLED\x10\x06\x12\x1c\n" +
+	"\x18FINISH_REASON_TOOL_CALLS\x10\a*\x89\x01\n" +
 	"\fCancelStatus\x12\x1d\n" +
 	"\x19CANCEL_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17CANCEL_STATUS_CANCELLED\x10\x01\x12\"\n" +
@@ -2839,88 +3466,101 @@ func file_hyserve_v1_hyserve_proto_rawDescGZIP() []byte {
 	return file_hyserve_v1_hyserve_proto_rawDescData
 }
 
-var file_hyserve_v1_hyserve_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_hyserve_v1_hyserve_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_hyserve_v1_hyserve_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_hyserve_v1_hyserve_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_hyserve_v1_hyserve_proto_goTypes = []any{
-	(ReuseSource)(0),           // 0: hyserve.v1.ReuseSource
-	(FinishReason)(0),          // 1: hyserve.v1.FinishReason
-	(CancelStatus)(0),          // 2: hyserve.v1.CancelStatus
-	(SlotState)(0),             // 3: hyserve.v1.SlotState
-	(CheckpointKind)(0),        // 4: hyserve.v1.CheckpointKind
-	(MemoryKind)(0),            // 5: hyserve.v1.MemoryKind
-	(*GenerateRequest)(nil),    // 6: hyserve.v1.GenerateRequest
-	(*TextInput)(nil),          // 7: hyserve.v1.TextInput
-	(*TokenInput)(nil),         // 8: hyserve.v1.TokenInput
-	(*ChatInput)(nil),          // 9: hyserve.v1.ChatInput
-	(*ChatMessage)(nil),        // 10: hyserve.v1.ChatMessage
-	(*SamplingParams)(nil),     // 11: hyserve.v1.SamplingParams
-	(*StoppingCriteria)(nil),   // 12: hyserve.v1.StoppingCriteria
-	(*CacheOptions)(nil),       // 13: hyserve.v1.CacheOptions
-	(*GenerateResponse)(nil),   // 14: hyserve.v1.GenerateResponse
-	(*Accepted)(nil),           // 15: hyserve.v1.Accepted
-	(*Delta)(nil),              // 16: hyserve.v1.Delta
-	(*TokenLogprob)(nil),       // 17: hyserve.v1.TokenLogprob
-	(*TopLogprob)(nil),         // 18: hyserve.v1.TopLogprob
-	(*Finished)(nil),           // 19: hyserve.v1.Finished
-	(*Usage)(nil),              // 20: hyserve.v1.Usage
-	(*Timings)(nil),            // 21: hyserve.v1.Timings
-	(*CancelRequest)(nil),      // 22: hyserve.v1.CancelRequest
-	(*CancelResponse)(nil),     // 23: hyserve.v1.CancelResponse
-	(*CacheStatsRequest)(nil),  // 24: hyserve.v1.CacheStatsRequest
-	(*CacheStatsResponse)(nil), // 25: hyserve.v1.CacheStatsResponse
-	(*MemoryUsage)(nil),        // 26: hyserve.v1.MemoryUsage
-	(*SlotStats)(nil),          // 27: hyserve.v1.SlotStats
-	(*CheckpointInfo)(nil),     // 28: hyserve.v1.CheckpointInfo
-	(*PrefixStoreStats)(nil),   // 29: hyserve.v1.PrefixStoreStats
-	(*CacheCounters)(nil),      // 30: hyserve.v1.CacheCounters
-	(*ModelInfoRequest)(nil),   // 31: hyserve.v1.ModelInfoRequest
-	(*ModelInfoResponse)(nil),  // 32: hyserve.v1.ModelInfoResponse
-	nil,                        // 33: hyserve.v1.CacheCounters.FullReprocessByReasonEntry
-	nil,                        // 34: hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
-	(*structpb.Struct)(nil),    // 35: google.protobuf.Struct
+	(ToolChoiceMode)(0),        // 0: hyserve.v1.ToolChoiceMode
+	(ReuseSource)(0),           // 1: hyserve.v1.ReuseSource
+	(FinishReason)(0),          // 2: hyserve.v1.FinishReason
+	(CancelStatus)(0),          // 3: hyserve.v1.CancelStatus
+	(SlotState)(0),             // 4: hyserve.v1.SlotState
+	(CheckpointKind)(0),        // 5: hyserve.v1.CheckpointKind
+	(MemoryKind)(0),            // 6: hyserve.v1.MemoryKind
+	(*GenerateRequest)(nil),    // 7: hyserve.v1.GenerateRequest
+	(*TextInput)(nil),          // 8: hyserve.v1.TextInput
+	(*TokenInput)(nil),         // 9: hyserve.v1.TokenInput
+	(*ChatInput)(nil),          // 10: hyserve.v1.ChatInput
+	(*Tool)(nil),               // 11: hyserve.v1.Tool
+	(*ToolChoice)(nil),         // 12: hyserve.v1.ToolChoice
+	(*ToolCall)(nil),           // 13: hyserve.v1.ToolCall
+	(*ChatMessage)(nil),        // 14: hyserve.v1.ChatMessage
+	(*SamplingParams)(nil),     // 15: hyserve.v1.SamplingParams
+	(*Constraint)(nil),         // 16: hyserve.v1.Constraint
+	(*StoppingCriteria)(nil),   // 17: hyserve.v1.StoppingCriteria
+	(*CacheOptions)(nil),       // 18: hyserve.v1.CacheOptions
+	(*GenerateResponse)(nil),   // 19: hyserve.v1.GenerateResponse
+	(*Accepted)(nil),           // 20: hyserve.v1.Accepted
+	(*Delta)(nil),              // 21: hyserve.v1.Delta
+	(*ToolCallDelta)(nil),      // 22: hyserve.v1.ToolCallDelta
+	(*TokenLogprob)(nil),       // 23: hyserve.v1.TokenLogprob
+	(*TopLogprob)(nil),         // 24: hyserve.v1.TopLogprob
+	(*Finished)(nil),           // 25: hyserve.v1.Finished
+	(*Usage)(nil),              // 26: hyserve.v1.Usage
+	(*Timings)(nil),            // 27: hyserve.v1.Timings
+	(*CancelRequest)(nil),      // 28: hyserve.v1.CancelRequest
+	(*CancelResponse)(nil),     // 29: hyserve.v1.CancelResponse
+	(*CacheStatsRequest)(nil),  // 30: hyserve.v1.CacheStatsRequest
+	(*CacheStatsResponse)(nil), // 31: hyserve.v1.CacheStatsResponse
+	(*MemoryUsage)(nil),        // 32: hyserve.v1.MemoryUsage
+	(*SlotStats)(nil),          // 33: hyserve.v1.SlotStats
+	(*CheckpointInfo)(nil),     // 34: hyserve.v1.CheckpointInfo
+	(*PrefixStoreStats)(nil),   // 35: hyserve.v1.PrefixStoreStats
+	(*CacheCounters)(nil),      // 36: hyserve.v1.CacheCounters
+	(*ModelInfoRequest)(nil),   // 37: hyserve.v1.ModelInfoRequest
+	(*ModelInfoResponse)(nil),  // 38: hyserve.v1.ModelInfoResponse
+	nil,                        // 39: hyserve.v1.CacheCounters.FullReprocessByReasonEntry
+	nil,                        // 40: hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
+	(*structpb.Struct)(nil),    // 41: google.protobuf.Struct
 }
 var file_hyserve_v1_hyserve_proto_depIdxs = []int32{
-	7,  // 0: hyserve.v1.GenerateRequest.text:type_name -> hyserve.v1.TextInput
-	8,  // 1: hyserve.v1.GenerateRequest.tokens:type_name -> hyserve.v1.TokenInput
-	9,  // 2: hyserve.v1.GenerateRequest.chat:type_name -> hyserve.v1.ChatInput
-	11, // 3: hyserve.v1.GenerateRequest.sampling:type_name -> hyserve.v1.SamplingParams
-	12, // 4: hyserve.v1.GenerateRequest.stopping:type_name -> hyserve.v1.StoppingCriteria
-	13, // 5: hyserve.v1.GenerateRequest.cache:type_name -> hyserve.v1.CacheOptions
-	10, // 6: hyserve.v1.ChatInput.messages:type_name -> hyserve.v1.ChatMessage
-	35, // 7: hyserve.v1.ChatInput.chat_template_kwargs:type_name -> google.protobuf.Struct
-	15, // 8: hyserve.v1.GenerateResponse.accepted:type_name -> hyserve.v1.Accepted
-	16, // 9: hyserve.v1.GenerateResponse.delta:type_name -> hyserve.v1.Delta
-	19, // 10: hyserve.v1.GenerateResponse.finished:type_name -> hyserve.v1.Finished
-	0,  // 11: hyserve.v1.Accepted.reuse_source:type_name -> hyserve.v1.ReuseSource
-	17, // 12: hyserve.v1.Delta.logprobs:type_name -> hyserve.v1.TokenLogprob
-	18, // 13: hyserve.v1.TokenLogprob.top_logprobs:type_name -> hyserve.v1.TopLogprob
-	1,  // 14: hyserve.v1.Finished.reason:type_name -> hyserve.v1.FinishReason
-	20, // 15: hyserve.v1.Finished.usage:type_name -> hyserve.v1.Usage
-	21, // 16: hyserve.v1.Finished.timings:type_name -> hyserve.v1.Timings
-	2,  // 17: hyserve.v1.CancelResponse.status:type_name -> hyserve.v1.CancelStatus
-	27, // 18: hyserve.v1.CacheStatsResponse.slots:type_name -> hyserve.v1.SlotStats
-	29, // 19: hyserve.v1.CacheStatsResponse.prefix_store:type_name -> hyserve.v1.PrefixStoreStats
-	30, // 20: hyserve.v1.CacheStatsResponse.counters:type_name -> hyserve.v1.CacheCounters
-	26, // 21: hyserve.v1.CacheStatsResponse.memory:type_name -> hyserve.v1.MemoryUsage
-	3,  // 22: hyserve.v1.SlotStats.state:type_name -> hyserve.v1.SlotState
-	28, // 23: hyserve.v1.SlotStats.checkpoints:type_name -> hyserve.v1.CheckpointInfo
-	4,  // 24: hyserve.v1.CheckpointInfo.kind:type_name -> hyserve.v1.CheckpointKind
-	33, // 25: hyserve.v1.CacheCounters.full_reprocess_by_reason:type_name -> hyserve.v1.CacheCounters.FullReprocessByReasonEntry
-	34, // 26: hyserve.v1.CacheCounters.reprocessed_tokens_by_reason:type_name -> hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
-	5,  // 27: hyserve.v1.ModelInfoResponse.memory_kind:type_name -> hyserve.v1.MemoryKind
-	6,  // 28: hyserve.v1.HyserveService.Generate:input_type -> hyserve.v1.GenerateRequest
-	22, // 29: hyserve.v1.HyserveService.Cancel:input_type -> hyserve.v1.CancelRequest
-	24, // 30: hyserve.v1.HyserveService.CacheStats:input_type -> hyserve.v1.CacheStatsRequest
-	31, // 31: hyserve.v1.HyserveService.ModelInfo:input_type -> hyserve.v1.ModelInfoRequest
-	14, // 32: hyserve.v1.HyserveService.Generate:output_type -> hyserve.v1.GenerateResponse
-	23, // 33: hyserve.v1.HyserveService.Cancel:output_type -> hyserve.v1.CancelResponse
-	25, // 34: hyserve.v1.HyserveService.CacheStats:output_type -> hyserve.v1.CacheStatsResponse
-	32, // 35: hyserve.v1.HyserveService.ModelInfo:output_type -> hyserve.v1.ModelInfoResponse
-	32, // [32:36] is the sub-list for method output_type
-	28, // [28:32] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	8,  // 0: hyserve.v1.GenerateRequest.text:type_name -> hyserve.v1.TextInput
+	9,  // 1: hyserve.v1.GenerateRequest.tokens:type_name -> hyserve.v1.TokenInput
+	10, // 2: hyserve.v1.GenerateRequest.chat:type_name -> hyserve.v1.ChatInput
+	15, // 3: hyserve.v1.GenerateRequest.sampling:type_name -> hyserve.v1.SamplingParams
+	17, // 4: hyserve.v1.GenerateRequest.stopping:type_name -> hyserve.v1.StoppingCriteria
+	18, // 5: hyserve.v1.GenerateRequest.cache:type_name -> hyserve.v1.CacheOptions
+	14, // 6: hyserve.v1.ChatInput.messages:type_name -> hyserve.v1.ChatMessage
+	41, // 7: hyserve.v1.ChatInput.chat_template_kwargs:type_name -> google.protobuf.Struct
+	11, // 8: hyserve.v1.ChatInput.tools:type_name -> hyserve.v1.Tool
+	12, // 9: hyserve.v1.ChatInput.tool_choice:type_name -> hyserve.v1.ToolChoice
+	0,  // 10: hyserve.v1.ToolChoice.mode:type_name -> hyserve.v1.ToolChoiceMode
+	13, // 11: hyserve.v1.ChatMessage.tool_calls:type_name -> hyserve.v1.ToolCall
+	16, // 12: hyserve.v1.SamplingParams.constraint:type_name -> hyserve.v1.Constraint
+	20, // 13: hyserve.v1.GenerateResponse.accepted:type_name -> hyserve.v1.Accepted
+	21, // 14: hyserve.v1.GenerateResponse.delta:type_name -> hyserve.v1.Delta
+	25, // 15: hyserve.v1.GenerateResponse.finished:type_name -> hyserve.v1.Finished
+	1,  // 16: hyserve.v1.Accepted.reuse_source:type_name -> hyserve.v1.ReuseSource
+	23, // 17: hyserve.v1.Delta.logprobs:type_name -> hyserve.v1.TokenLogprob
+	22, // 18: hyserve.v1.Delta.tool_calls:type_name -> hyserve.v1.ToolCallDelta
+	24, // 19: hyserve.v1.TokenLogprob.top_logprobs:type_name -> hyserve.v1.TopLogprob
+	2,  // 20: hyserve.v1.Finished.reason:type_name -> hyserve.v1.FinishReason
+	26, // 21: hyserve.v1.Finished.usage:type_name -> hyserve.v1.Usage
+	27, // 22: hyserve.v1.Finished.timings:type_name -> hyserve.v1.Timings
+	13, // 23: hyserve.v1.Finished.tool_calls:type_name -> hyserve.v1.ToolCall
+	3,  // 24: hyserve.v1.CancelResponse.status:type_name -> hyserve.v1.CancelStatus
+	33, // 25: hyserve.v1.CacheStatsResponse.slots:type_name -> hyserve.v1.SlotStats
+	35, // 26: hyserve.v1.CacheStatsResponse.prefix_store:type_name -> hyserve.v1.PrefixStoreStats
+	36, // 27: hyserve.v1.CacheStatsResponse.counters:type_name -> hyserve.v1.CacheCounters
+	32, // 28: hyserve.v1.CacheStatsResponse.memory:type_name -> hyserve.v1.MemoryUsage
+	4,  // 29: hyserve.v1.SlotStats.state:type_name -> hyserve.v1.SlotState
+	34, // 30: hyserve.v1.SlotStats.checkpoints:type_name -> hyserve.v1.CheckpointInfo
+	5,  // 31: hyserve.v1.CheckpointInfo.kind:type_name -> hyserve.v1.CheckpointKind
+	39, // 32: hyserve.v1.CacheCounters.full_reprocess_by_reason:type_name -> hyserve.v1.CacheCounters.FullReprocessByReasonEntry
+	40, // 33: hyserve.v1.CacheCounters.reprocessed_tokens_by_reason:type_name -> hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
+	6,  // 34: hyserve.v1.ModelInfoResponse.memory_kind:type_name -> hyserve.v1.MemoryKind
+	7,  // 35: hyserve.v1.HyserveService.Generate:input_type -> hyserve.v1.GenerateRequest
+	28, // 36: hyserve.v1.HyserveService.Cancel:input_type -> hyserve.v1.CancelRequest
+	30, // 37: hyserve.v1.HyserveService.CacheStats:input_type -> hyserve.v1.CacheStatsRequest
+	37, // 38: hyserve.v1.HyserveService.ModelInfo:input_type -> hyserve.v1.ModelInfoRequest
+	19, // 39: hyserve.v1.HyserveService.Generate:output_type -> hyserve.v1.GenerateResponse
+	29, // 40: hyserve.v1.HyserveService.Cancel:output_type -> hyserve.v1.CancelResponse
+	31, // 41: hyserve.v1.HyserveService.CacheStats:output_type -> hyserve.v1.CacheStatsResponse
+	38, // 42: hyserve.v1.HyserveService.ModelInfo:output_type -> hyserve.v1.ModelInfoResponse
+	39, // [39:43] is the sub-list for method output_type
+	35, // [35:39] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_hyserve_v1_hyserve_proto_init() }
@@ -2935,24 +3575,34 @@ func file_hyserve_v1_hyserve_proto_init() {
 	}
 	file_hyserve_v1_hyserve_proto_msgTypes[1].OneofWrappers = []any{}
 	file_hyserve_v1_hyserve_proto_msgTypes[3].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[4].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[5].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[6].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[5].OneofWrappers = []any{
+		(*ToolChoice_Mode)(nil),
+		(*ToolChoice_Function)(nil),
+	}
 	file_hyserve_v1_hyserve_proto_msgTypes[7].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[8].OneofWrappers = []any{
+	file_hyserve_v1_hyserve_proto_msgTypes[8].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[9].OneofWrappers = []any{
+		(*Constraint_JsonSchema)(nil),
+		(*Constraint_JsonObject)(nil),
+		(*Constraint_Regex)(nil),
+		(*Constraint_Grammar)(nil),
+	}
+	file_hyserve_v1_hyserve_proto_msgTypes[10].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[11].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[12].OneofWrappers = []any{
 		(*GenerateResponse_Accepted)(nil),
 		(*GenerateResponse_Delta)(nil),
 		(*GenerateResponse_Finished)(nil),
 	}
-	file_hyserve_v1_hyserve_proto_msgTypes[13].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[26].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[18].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[31].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hyserve_v1_hyserve_proto_rawDesc), len(file_hyserve_v1_hyserve_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   29,
+			NumEnums:      7,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

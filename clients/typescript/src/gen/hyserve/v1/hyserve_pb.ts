@@ -21,7 +21,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file hyserve/v1/hyserve.proto.
  */
 export const file_hyserve_v1_hyserve: GenFile = /*@__PURE__*/
-  fileDesc("ChhoeXNlcnZlL3YxL2h5c2VydmUucHJvdG8SCmh5c2VydmUudjEi0gIKD0dlbmVyYXRlUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiUKBHRleHQYAiABKAsyFS5oeXNlcnZlLnYxLlRleHRJbnB1dEgAEigKBnRva2VucxgDIAEoCzIWLmh5c2VydmUudjEuVG9rZW5JbnB1dEgAEiUKBGNoYXQYBCABKAsyFS5oeXNlcnZlLnYxLkNoYXRJbnB1dEgAEiwKCHNhbXBsaW5nGAUgASgLMhouaHlzZXJ2ZS52MS5TYW1wbGluZ1BhcmFtcxIuCghzdG9wcGluZxgGIAEoCzIcLmh5c2VydmUudjEuU3RvcHBpbmdDcml0ZXJpYRIQCghsb2dwcm9icxgHIAEoCBIUCgx0b3BfbG9ncHJvYnMYCCABKA0SJwoFY2FjaGUYCSABKAsyGC5oeXNlcnZlLnYxLkNhY2hlT3B0aW9uc0IHCgVpbnB1dCJxCglUZXh0SW5wdXQSDAoEdGV4dBgBIAEoCRIYCgthZGRfc3BlY2lhbBgCIAEoCEgAiAEBEhoKDXBhcnNlX3NwZWNpYWwYAyABKAhIAYgBAUIOCgxfYWRkX3NwZWNpYWxCEAoOX3BhcnNlX3NwZWNpYWwiHwoKVG9rZW5JbnB1dBIRCgl0b2tlbl9pZHMYASADKA0iqwEKCUNoYXRJbnB1dBIpCghtZXNzYWdlcxgBIAMoCzIXLmh5c2VydmUudjEuQ2hhdE1lc3NhZ2USIgoVYWRkX2dlbmVyYXRpb25fcHJvbXB0GAIgASgISACIAQESNQoUY2hhdF90ZW1wbGF0ZV9rd2FyZ3MYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QhgKFl9hZGRfZ2VuZXJhdGlvbl9wcm9tcHQifgoLQ2hhdE1lc3NhZ2USDAoEcm9sZRgBIAEoCRIPCgdjb250ZW50GAIgASgJEhEKBG5hbWUYAyABKAlIAIgBARIeChFyZWFzb25pbmdfY29udGVudBgEIAEoCUgBiAEBQgcKBV9uYW1lQhQKEl9yZWFzb25pbmdfY29udGVudCLSAgoOU2FtcGxpbmdQYXJhbXMSGAoLdGVtcGVyYXR1cmUYASABKAJIAIgBARISCgV0b3BfaxgCIAEoBUgBiAEBEhIKBXRvcF9wGAMgASgCSAKIAQESEgoFbWluX3AYBCABKAJIA4gBARIfChJyZXBldGl0aW9uX3BlbmFsdHkYBSABKAJIBIgBARIdChBwcmVzZW5jZV9wZW5hbHR5GAYgASgCSAWIAQESHgoRZnJlcXVlbmN5X3BlbmFsdHkYByABKAJIBogBARIRCgRzZWVkGAggASgESAeIAQFCDgoMX3RlbXBlcmF0dXJlQggKBl90b3Bfa0IICgZfdG9wX3BCCAoGX21pbl9wQhUKE19yZXBldGl0aW9uX3BlbmFsdHlCEwoRX3ByZXNlbmNlX3BlbmFsdHlCFAoSX2ZyZXF1ZW5jeV9wZW5hbHR5QgcKBV9zZWVkInwKEFN0b3BwaW5nQ3JpdGVyaWESFwoKbWF4X3Rva2VucxgBIAEoDUgAiAEBEhQKDHN0b3Bfc3RyaW5ncxgCIAMoCRIWCg5zdG9wX3Rva2VuX2lkcxgDIAMoDRISCgppZ25vcmVfZW9zGAQgASgIQg0KC19tYXhfdG9rZW5zIlYKDENhY2hlT3B0aW9ucxIZCgxjYWNoZV9wcm9tcHQYASABKAhIAIgBARIaChJjaGVja3BvaW50X29mZnNldHMYAiADKA1CDwoNX2NhY2hlX3Byb21wdCKTAQoQR2VuZXJhdGVSZXNwb25zZRIoCghhY2NlcHRlZBgBIAEoCzIULmh5c2VydmUudjEuQWNjZXB0ZWRIABIiCgVkZWx0YRgCIAEoCzIRLmh5c2VydmUudjEuRGVsdGFIABIoCghmaW5pc2hlZBgDIAEoCzIULmh5c2VydmUudjEuRmluaXNoZWRIAEIHCgVldmVudCK+AQoIQWNjZXB0ZWQSDwoHdGFza19pZBgBIAEoCRISCgpzbG90X2luZGV4GAIgASgNEhUKDXByb21wdF90b2tlbnMYAyABKA0SFQoNcmV1c2VkX3Rva2VucxgEIAEoDRItCgxyZXVzZV9zb3VyY2UYBSABKA4yFy5oeXNlcnZlLnYxLlJldXNlU291cmNlEhYKDm1hdGNoZWRfdG9rZW5zGAYgASgNEhgKEHJlcHJvY2Vzc19yZWFzb24YByABKAkiVAoFRGVsdGESEQoJdG9rZW5faWRzGAEgAygNEgwKBHRleHQYAiABKAkSKgoIbG9ncHJvYnMYAyADKAsyGC5oeXNlcnZlLnYxLlRva2VuTG9ncHJvYiJuCgxUb2tlbkxvZ3Byb2ISEAoIdG9rZW5faWQYASABKA0SDwoHbG9ncHJvYhgCIAEoAhINCgVwaWVjZRgDIAEoDBIsCgx0b3BfbG9ncHJvYnMYBCADKAsyFi5oeXNlcnZlLnYxLlRvcExvZ3Byb2IiPgoKVG9wTG9ncHJvYhIQCgh0b2tlbl9pZBgBIAEoDRIPCgdsb2dwcm9iGAIgASgCEg0KBXBpZWNlGAMgASgMIr8BCghGaW5pc2hlZBIoCgZyZWFzb24YASABKA4yGC5oeXNlcnZlLnYxLkZpbmlzaFJlYXNvbhITCgtzdG9wX3N0cmluZxgCIAEoCRIaCg1zdG9wX3Rva2VuX2lkGAMgASgNSACIAQESIAoFdXNhZ2UYBCABKAsyES5oeXNlcnZlLnYxLlVzYWdlEiQKB3RpbWluZ3MYBSABKAsyEy5oeXNlcnZlLnYxLlRpbWluZ3NCEAoOX3N0b3BfdG9rZW5faWQieAoFVXNhZ2USFQoNcHJvbXB0X3Rva2VucxgBIAEoDRIcChRjYWNoZWRfcHJvbXB0X3Rva2VucxgCIAEoDRIfChdwcm9jZXNzZWRfcHJvbXB0X3Rva2VucxgDIAEoDRIZChFjb21wbGV0aW9uX3Rva2VucxgEIAEoDSJlCgdUaW1pbmdzEhAKCHF1ZXVlX21zGAEgASgBEhEKCXByb21wdF9tcxgCIAEoARIVCg1nZW5lcmF0aW9uX21zGAMgASgBEh4KFnRpbWVfdG9fZmlyc3RfdG9rZW5fbXMYBCABKAEiIAoNQ2FuY2VsUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjoKDkNhbmNlbFJlc3BvbnNlEigKBnN0YXR1cxgBIAEoDjIYLmh5c2VydmUudjEuQ2FuY2VsU3RhdHVzIhMKEUNhY2hlU3RhdHNSZXF1ZXN0IsQBChJDYWNoZVN0YXRzUmVzcG9uc2USJAoFc2xvdHMYASADKAsyFS5oeXNlcnZlLnYxLlNsb3RTdGF0cxIyCgxwcmVmaXhfc3RvcmUYAiABKAsyHC5oeXNlcnZlLnYxLlByZWZpeFN0b3JlU3RhdHMSKwoIY291bnRlcnMYAyABKAsyGS5oeXNlcnZlLnYxLkNhY2hlQ291bnRlcnMSJwoGbWVtb3J5GAQgASgLMhcuaHlzZXJ2ZS52MS5NZW1vcnlVc2FnZSI3CgtNZW1vcnlVc2FnZRIUCgxkZXZpY2VfYnl0ZXMYASABKAQSEgoKaG9zdF9ieXRlcxgCIAEoBCKZAQoJU2xvdFN0YXRzEg0KBWluZGV4GAEgASgNEiQKBXN0YXRlGAIgASgOMhUuaHlzZXJ2ZS52MS5TbG90U3RhdGUSDwoHdGFza19pZBgDIAEoCRIVCg1jYWNoZWRfdG9rZW5zGAQgASgNEi8KC2NoZWNrcG9pbnRzGAUgAygLMhouaHlzZXJ2ZS52MS5DaGVja3BvaW50SW5mbyJvCg5DaGVja3BvaW50SW5mbxIQCghwb3NpdGlvbhgBIAEoDRIoCgRraW5kGAIgASgOMhouaHlzZXJ2ZS52MS5DaGVja3BvaW50S2luZBINCgVieXRlcxgDIAEoBBISCgpoYXNfbG9naXRzGAQgASgIIkgKEFByZWZpeFN0b3JlU3RhdHMSDwoHZW50cmllcxgBIAEoDRINCgVieXRlcxgCIAEoBBIUCgxidWRnZXRfYnl0ZXMYAyABKAQisQUKDUNhY2hlQ291bnRlcnMSHgoWcHJvbXB0X3Rva2Vuc19yZWNlaXZlZBgBIAEoBBIcChRwcm9tcHRfdG9rZW5zX3JldXNlZBgCIAEoBBIfChdwcm9tcHRfdG9rZW5zX3Byb2Nlc3NlZBgDIAEoBBIQCghyZXN0b3JlcxgEIAEoBBJWChhmdWxsX3JlcHJvY2Vzc19ieV9yZWFzb24YBSADKAsyNC5oeXNlcnZlLnYxLkNhY2hlQ291bnRlcnMuRnVsbFJlcHJvY2Vzc0J5UmVhc29uRW50cnkSGwoTY2hlY2twb2ludHNfY3JlYXRlZBgGIAEoBBIbChNjaGVja3BvaW50c19ldmljdGVkGAcgASgEEh8KF2NoZWNrcG9pbnRzX2ludmFsaWRhdGVkGAggASgEEhkKEXByZWZpeF9zdG9yZV9oaXRzGAkgASgEEhsKE3ByZWZpeF9zdG9yZV9taXNzZXMYCiABKAQSXgoccmVwcm9jZXNzZWRfdG9rZW5zX2J5X3JlYXNvbhgLIAMoCzI4Lmh5c2VydmUudjEuQ2FjaGVDb3VudGVycy5SZXByb2Nlc3NlZFRva2Vuc0J5UmVhc29uRW50cnkSHAoUcHJlZml4X3N0b3JlX2V2aWN0ZWQYDCABKAQSDwoHcmVwbGF5cxgNIAEoBBIXCg9yZXBsYXllZF90b2tlbnMYDiABKAQSHAoUaW5wdXRfYmxvY2tzX2V2aWN0ZWQYDyABKAQaPAoaRnVsbFJlcHJvY2Vzc0J5UmVhc29uRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ARpACh5SZXByb2Nlc3NlZFRva2Vuc0J5UmVhc29uRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ASISChBNb2RlbEluZm9SZXF1ZXN0IoYDChFNb2RlbEluZm9SZXNwb25zZRISCgptb2RlbF9wYXRoGAEgASgJEhIKCm1vZGVsX25hbWUYAiABKAkSFAoMYXJjaGl0ZWN0dXJlGAMgASgJEhIKCnZvY2FiX3NpemUYBCABKA0SFAoMY29udGV4dF9zaXplGAUgASgNEhMKC25fY3R4X3RyYWluGAYgASgNEhYKDnBhcmFsbGVsX3Nsb3RzGAcgASgNEhkKDGJvc190b2tlbl9pZBgIIAEoDUgAiAEBEhUKDWVvc190b2tlbl9pZHMYCSADKA0SGQoRaGFzX2NoYXRfdGVtcGxhdGUYCiABKAgSKwoLbWVtb3J5X2tpbmQYCyABKA4yFi5oeXNlcnZlLnYxLk1lbW9yeUtpbmQSFgoOc2VydmVyX3ZlcnNpb24YDCABKAkSDgoGZGV2aWNlGA0gASgJEhMKC2RldmljZV9uYW1lGA4gASgJEhQKDGdwdV9udW1lcmljcxgPIAEoCUIPCg1fYm9zX3Rva2VuX2lkKpoBCgtSZXVzZVNvdXJjZRIcChhSRVVTRV9TT1VSQ0VfVU5TUEVDSUZJRUQQABIVChFSRVVTRV9TT1VSQ0VfTk9ORRABEhoKFlJFVVNFX1NPVVJDRV9TTE9UX0xJVkUQAhIbChdSRVVTRV9TT1VSQ0VfQ0hFQ0tQT0lOVBADEh0KGVJFVVNFX1NPVVJDRV9QUkVGSVhfU1RPUkUQBCrcAQoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIVChFGSU5JU0hfUkVBU09OX0VPUxABEh0KGUZJTklTSF9SRUFTT05fU1RPUF9TVFJJTkcQAhIcChhGSU5JU0hfUkVBU09OX1NUT1BfVE9LRU4QAxIcChhGSU5JU0hfUkVBU09OX01BWF9UT0tFTlMQBBIeChpGSU5JU0hfUkVBU09OX0NPTlRFWFRfRlVMTBAFEhsKF0ZJTklTSF9SRUFTT05fQ0FOQ0VMTEVEEAYqiQEKDENhbmNlbFN0YXR1cxIdChlDQU5DRUxfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGwoXQ0FOQ0VMX1NUQVRVU19DQU5DRUxMRUQQARIiCh5DQU5DRUxfU1RBVFVTX0FMUkVBRFlfRklOSVNIRUQQAhIZChVDQU5DRUxfU1RBVFVTX1BFTkRJTkcQAyp5CglTbG90U3RhdGUSGgoWU0xPVF9TVEFURV9VTlNQRUNJRklFRBAAEhMKD1NMT1RfU1RBVEVfSURMRRABEiAKHFNMT1RfU1RBVEVfUFJPQ0VTU0lOR19QUk9NUFQQAhIZChVTTE9UX1NUQVRFX0dFTkVSQVRJTkcQAyq4AQoOQ2hlY2twb2ludEtpbmQSHwobQ0hFQ0tQT0lOVF9LSU5EX1VOU1BFQ0lGSUVEEAASIQodQ0hFQ0tQT0lOVF9LSU5EX01FU1NBR0VfU1RBUlQQARIeChpDSEVDS1BPSU5UX0tJTkRfUFJPTVBUX0VORBACEiQKIENIRUNLUE9JTlRfS0lORF9DTElFTlRfUkVRVUVTVEVEEAMSHAoYQ0hFQ0tQT0lOVF9LSU5EX0lOVEVSVkFMEAQqnAEKCk1lbW9yeUtpbmQSGwoXTUVNT1JZX0tJTkRfVU5TUEVDSUZJRUQQABIeChpNRU1PUllfS0lORF9BVFRFTlRJT05fT05MWRABEh4KGk1FTU9SWV9LSU5EX1NMSURJTkdfV0lORE9XEAISGQoVTUVNT1JZX0tJTkRfUkVDVVJSRU5UEAMSFgoSTUVNT1JZX0tJTkRfSFlCUklEEAQysQIKDkh5c2VydmVTZXJ2aWNlEkcKCEdlbmVyYXRlEhsuaHlzZXJ2ZS52MS5HZW5lcmF0ZVJlcXVlc3QaHC5oeXNlcnZlLnYxLkdlbmVyYXRlUmVzcG9uc2UwARI/CgZDYW5jZWwSGS5oeXNlcnZlLnYxLkNhbmNlbFJlcXVlc3QaGi5oeXNlcnZlLnYxLkNhbmNlbFJlc3BvbnNlEksKCkNhY2hlU3RhdHMSHS5oeXNlcnZlLnYxLkNhY2hlU3RhdHNSZXF1ZXN0Gh4uaHlzZXJ2ZS52MS5DYWNoZVN0YXRzUmVzcG9uc2USSAoJTW9kZWxJbmZvEhwuaHlzZXJ2ZS52MS5Nb2RlbEluZm9SZXF1ZXN0Gh0uaHlzZXJ2ZS52MS5Nb2RlbEluZm9SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct]);
+  fileDesc("ChhoeXNlcnZlL3YxL2h5c2VydmUucHJvdG8SCmh5c2VydmUudjEi0gIKD0dlbmVyYXRlUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiUKBHRleHQYAiABKAsyFS5oeXNlcnZlLnYxLlRleHRJbnB1dEgAEigKBnRva2VucxgDIAEoCzIWLmh5c2VydmUudjEuVG9rZW5JbnB1dEgAEiUKBGNoYXQYBCABKAsyFS5oeXNlcnZlLnYxLkNoYXRJbnB1dEgAEiwKCHNhbXBsaW5nGAUgASgLMhouaHlzZXJ2ZS52MS5TYW1wbGluZ1BhcmFtcxIuCghzdG9wcGluZxgGIAEoCzIcLmh5c2VydmUudjEuU3RvcHBpbmdDcml0ZXJpYRIQCghsb2dwcm9icxgHIAEoCBIUCgx0b3BfbG9ncHJvYnMYCCABKA0SJwoFY2FjaGUYCSABKAsyGC5oeXNlcnZlLnYxLkNhY2hlT3B0aW9uc0IHCgVpbnB1dCJxCglUZXh0SW5wdXQSDAoEdGV4dBgBIAEoCRIYCgthZGRfc3BlY2lhbBgCIAEoCEgAiAEBEhoKDXBhcnNlX3NwZWNpYWwYAyABKAhIAYgBAUIOCgxfYWRkX3NwZWNpYWxCEAoOX3BhcnNlX3NwZWNpYWwiHwoKVG9rZW5JbnB1dBIRCgl0b2tlbl9pZHMYASADKA0i3wIKCUNoYXRJbnB1dBIpCghtZXNzYWdlcxgBIAMoCzIXLmh5c2VydmUudjEuQ2hhdE1lc3NhZ2USIgoVYWRkX2dlbmVyYXRpb25fcHJvbXB0GAIgASgISACIAQESNQoUY2hhdF90ZW1wbGF0ZV9rd2FyZ3MYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh8KBXRvb2xzGAQgAygLMhAuaHlzZXJ2ZS52MS5Ub29sEisKC3Rvb2xfY2hvaWNlGAUgASgLMhYuaHlzZXJ2ZS52MS5Ub29sQ2hvaWNlEiAKE3BhcmFsbGVsX3Rvb2xfY2FsbHMYBiABKAhIAYgBARIZCgxwYXJzZV9vdXRwdXQYByABKAhIAogBAUIYChZfYWRkX2dlbmVyYXRpb25fcHJvbXB0QhYKFF9wYXJhbGxlbF90b29sX2NhbGxzQg8KDV9wYXJzZV9vdXRwdXQiQgoEVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCSJWCgpUb29sQ2hvaWNlEioKBG1vZGUYASABKA4yGi5oeXNlcnZlLnYxLlRvb2xDaG9pY2VNb2RlSAASEgoIZnVuY3Rpb24YAiABKAlIAEIICgZjaG9pY2UiPAoIVG9vbENhbGwSCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCSLUAQoLQ2hhdE1lc3NhZ2USDAoEcm9sZRgBIAEoCRIPCgdjb250ZW50GAIgASgJEhEKBG5hbWUYAyABKAlIAIgBARIeChFyZWFzb25pbmdfY29udGVudBgEIAEoCUgBiAEBEigKCnRvb2xfY2FsbHMYBSADKAsyFC5oeXNlcnZlLnYxLlRvb2xDYWxsEhkKDHRvb2xfY2FsbF9pZBgGIAEoCUgCiAEBQgcKBV9uYW1lQhQKEl9yZWFzb25pbmdfY29udGVudEIPCg1fdG9vbF9jYWxsX2lkIv4CCg5TYW1wbGluZ1BhcmFtcxIYCgt0ZW1wZXJhdHVyZRgBIAEoAkgAiAEBEhIKBXRvcF9rGAIgASgFSAGIAQESEgoFdG9wX3AYAyABKAJIAogBARISCgVtaW5fcBgEIAEoAkgDiAEBEh8KEnJlcGV0aXRpb25fcGVuYWx0eRgFIAEoAkgEiAEBEh0KEHByZXNlbmNlX3BlbmFsdHkYBiABKAJIBYgBARIeChFmcmVxdWVuY3lfcGVuYWx0eRgHIAEoAkgGiAEBEhEKBHNlZWQYCCABKARIB4gBARIqCgpjb25zdHJhaW50GAkgASgLMhYuaHlzZXJ2ZS52MS5Db25zdHJhaW50Qg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX2tCCAoGX3RvcF9wQggKBl9taW5fcEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5QhMKEV9wcmVzZW5jZV9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUIHCgVfc2VlZCJmCgpDb25zdHJhaW50EhUKC2pzb25fc2NoZW1hGAEgASgJSAASFQoLanNvbl9vYmplY3QYAiABKAhIABIPCgVyZWdleBgDIAEoCUgAEhEKB2dyYW1tYXIYBCABKAlIAEIGCgRraW5kInwKEFN0b3BwaW5nQ3JpdGVyaWESFwoKbWF4X3Rva2VucxgBIAEoDUgAiAEBEhQKDHN0b3Bfc3RyaW5ncxgCIAMoCRIWCg5zdG9wX3Rva2VuX2lkcxgDIAMoDRISCgppZ25vcmVfZW9zGAQgASgIQg0KC19tYXhfdG9rZW5zIlYKDENhY2hlT3B0aW9ucxIZCgxjYWNoZV9wcm9tcHQYASABKAhIAIgBARIaChJjaGVja3BvaW50X29mZnNldHMYAiADKA1CDwoNX2NhY2hlX3Byb21wdCKTAQoQR2VuZXJhdGVSZXNwb25zZRIoCghhY2NlcHRlZBgBIAEoCzIULmh5c2VydmUudjEuQWNjZXB0ZWRIABIiCgVkZWx0YRgCIAEoCzIRLmh5c2VydmUudjEuRGVsdGFIABIoCghmaW5pc2hlZBgDIAEoCzIULmh5c2VydmUudjEuRmluaXNoZWRIAEIHCgVldmVudCK+AQoIQWNjZXB0ZWQSDwoHdGFza19pZBgBIAEoCRISCgpzbG90X2luZGV4GAIgASgNEhUKDXByb21wdF90b2tlbnMYAyABKA0SFQoNcmV1c2VkX3Rva2VucxgEIAEoDRItCgxyZXVzZV9zb3VyY2UYBSABKA4yFy5oeXNlcnZlLnYxLlJldXNlU291cmNlEhYKDm1hdGNoZWRfdG9rZW5zGAYgASgNEhgKEHJlcHJvY2Vzc19yZWFzb24YByABKAkilgEKBURlbHRhEhEKCXRva2VuX2lkcxgBIAMoDRIMCgR0ZXh0GAIgASgJEioKCGxvZ3Byb2JzGAMgAygLMhguaHlzZXJ2ZS52MS5Ub2tlbkxvZ3Byb2ISEQoJcmVhc29uaW5nGAQgASgJEi0KCnRvb2xfY2FsbHMYBSADKAsyGS5oeXNlcnZlLnYxLlRvb2xDYWxsRGVsdGEiVAoNVG9vbENhbGxEZWx0YRINCgVpbmRleBgBIAEoDRIKCgJpZBgCIAEoCRIMCgRuYW1lGAMgASgJEhoKEmFyZ3VtZW50c19mcmFnbWVudBgEIAEoCSJuCgxUb2tlbkxvZ3Byb2ISEAoIdG9rZW5faWQYASABKA0SDwoHbG9ncHJvYhgCIAEoAhINCgVwaWVjZRgDIAEoDBIsCgx0b3BfbG9ncHJvYnMYBCADKAsyFi5oeXNlcnZlLnYxLlRvcExvZ3Byb2IiPgoKVG9wTG9ncHJvYhIQCgh0b2tlbl9pZBgBIAEoDRIPCgdsb2dwcm9iGAIgASgCEg0KBXBpZWNlGAMgASgMIukBCghGaW5pc2hlZBIoCgZyZWFzb24YASABKA4yGC5oeXNlcnZlLnYxLkZpbmlzaFJlYXNvbhITCgtzdG9wX3N0cmluZxgCIAEoCRIaCg1zdG9wX3Rva2VuX2lkGAMgASgNSACIAQESIAoFdXNhZ2UYBCABKAsyES5oeXNlcnZlLnYxLlVzYWdlEiQKB3RpbWluZ3MYBSABKAsyEy5oeXNlcnZlLnYxLlRpbWluZ3MSKAoKdG9vbF9jYWxscxgGIAMoCzIULmh5c2VydmUudjEuVG9vbENhbGxCEAoOX3N0b3BfdG9rZW5faWQieAoFVXNhZ2USFQoNcHJvbXB0X3Rva2VucxgBIAEoDRIcChRjYWNoZWRfcHJvbXB0X3Rva2VucxgCIAEoDRIfChdwcm9jZXNzZWRfcHJvbXB0X3Rva2VucxgDIAEoDRIZChFjb21wbGV0aW9uX3Rva2VucxgEIAEoDSJlCgdUaW1pbmdzEhAKCHF1ZXVlX21zGAEgASgBEhEKCXByb21wdF9tcxgCIAEoARIVCg1nZW5lcmF0aW9uX21zGAMgASgBEh4KFnRpbWVfdG9fZmlyc3RfdG9rZW5fbXMYBCABKAEiIAoNQ2FuY2VsUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjoKDkNhbmNlbFJlc3BvbnNlEigKBnN0YXR1cxgBIAEoDjIYLmh5c2VydmUudjEuQ2FuY2VsU3RhdHVzIhMKEUNhY2hlU3RhdHNSZXF1ZXN0IsQBChJDYWNoZVN0YXRzUmVzcG9uc2USJAoFc2xvdHMYASADKAsyFS5oeXNlcnZlLnYxLlNsb3RTdGF0cxIyCgxwcmVmaXhfc3RvcmUYAiABKAsyHC5oeXNlcnZlLnYxLlByZWZpeFN0b3JlU3RhdHMSKwoIY291bnRlcnMYAyABKAsyGS5oeXNlcnZlLnYxLkNhY2hlQ291bnRlcnMSJwoGbWVtb3J5GAQgASgLMhcuaHlzZXJ2ZS52MS5NZW1vcnlVc2FnZSI3CgtNZW1vcnlVc2FnZRIUCgxkZXZpY2VfYnl0ZXMYASABKAQSEgoKaG9zdF9ieXRlcxgCIAEoBCKZAQoJU2xvdFN0YXRzEg0KBWluZGV4GAEgASgNEiQKBXN0YXRlGAIgASgOMhUuaHlzZXJ2ZS52MS5TbG90U3RhdGUSDwoHdGFza19pZBgDIAEoCRIVCg1jYWNoZWRfdG9rZW5zGAQgASgNEi8KC2NoZWNrcG9pbnRzGAUgAygLMhouaHlzZXJ2ZS52MS5DaGVja3BvaW50SW5mbyJvCg5DaGVja3BvaW50SW5mbxIQCghwb3NpdGlvbhgBIAEoDRIoCgRraW5kGAIgASgOMhouaHlzZXJ2ZS52MS5DaGVja3BvaW50S2luZBINCgVieXRlcxgDIAEoBBISCgpoYXNfbG9naXRzGAQgASgIIkgKEFByZWZpeFN0b3JlU3RhdHMSDwoHZW50cmllcxgBIAEoDRINCgVieXRlcxgCIAEoBBIUCgxidWRnZXRfYnl0ZXMYAyABKAQisQUKDUNhY2hlQ291bnRlcnMSHgoWcHJvbXB0X3Rva2Vuc19yZWNlaXZlZBgBIAEoBBIcChRwcm9tcHRfdG9rZW5zX3JldXNlZBgCIAEoBBIfChdwcm9tcHRfdG9rZW5zX3Byb2Nlc3NlZBgDIAEoBBIQCghyZXN0b3JlcxgEIAEoBBJWChhmdWxsX3JlcHJvY2Vzc19ieV9yZWFzb24YBSADKAsyNC5oeXNlcnZlLnYxLkNhY2hlQ291bnRlcnMuRnVsbFJlcHJvY2Vzc0J5UmVhc29uRW50cnkSGwoTY2hlY2twb2ludHNfY3JlYXRlZBgGIAEoBBIbChNjaGVja3BvaW50c19ldmljdGVkGAcgASgEEh8KF2NoZWNrcG9pbnRzX2ludmFsaWRhdGVkGAggASgEEhkKEXByZWZpeF9zdG9yZV9oaXRzGAkgASgEEhsKE3ByZWZpeF9zdG9yZV9taXNzZXMYCiABKAQSXgoccmVwcm9jZXNzZWRfdG9rZW5zX2J5X3JlYXNvbhgLIAMoCzI4Lmh5c2VydmUudjEuQ2FjaGVDb3VudGVycy5SZXByb2Nlc3NlZFRva2Vuc0J5UmVhc29uRW50cnkSHAoUcHJlZml4X3N0b3JlX2V2aWN0ZWQYDCABKAQSDwoHcmVwbGF5cxgNIAEoBBIXCg9yZXBsYXllZF90b2tlbnMYDiABKAQSHAoUaW5wdXRfYmxvY2tzX2V2aWN0ZWQYDyABKAQaPAoaRnVsbFJlcHJvY2Vzc0J5UmVhc29uRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ARpACh5SZXByb2Nlc3NlZFRva2Vuc0J5UmVhc29uRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ASISChBNb2RlbEluZm9SZXF1ZXN0IoYDChFNb2RlbEluZm9SZXNwb25zZRISCgptb2RlbF9wYXRoGAEgASgJEhIKCm1vZGVsX25hbWUYAiABKAkSFAoMYXJjaGl0ZWN0dXJlGAMgASgJEhIKCnZvY2FiX3NpemUYBCABKA0SFAoMY29udGV4dF9zaXplGAUgASgNEhMKC25fY3R4X3RyYWluGAYgASgNEhYKDnBhcmFsbGVsX3Nsb3RzGAcgASgNEhkKDGJvc190b2tlbl9pZBgIIAEoDUgAiAEBEhUKDWVvc190b2tlbl9pZHMYCSADKA0SGQoRaGFzX2NoYXRfdGVtcGxhdGUYCiABKAgSKwoLbWVtb3J5X2tpbmQYCyABKA4yFi5oeXNlcnZlLnYxLk1lbW9yeUtpbmQSFgoOc2VydmVyX3ZlcnNpb24YDCABKAkSDgoGZGV2aWNlGA0gASgJEhMKC2RldmljZV9uYW1lGA4gASgJEhQKDGdwdV9udW1lcmljcxgPIAEoCUIPCg1fYm9zX3Rva2VuX2lkKocBCg5Ub29sQ2hvaWNlTW9kZRIgChxUT09MX0NIT0lDRV9NT0RFX1VOU1BFQ0lGSUVEEAASGQoVVE9PTF9DSE9JQ0VfTU9ERV9BVVRPEAESGQoVVE9PTF9DSE9JQ0VfTU9ERV9OT05FEAISHQoZVE9PTF9DSE9JQ0VfTU9ERV9SRVFVSVJFRBADKpoBCgtSZXVzZVNvdXJjZRIcChhSRVVTRV9TT1VSQ0VfVU5TUEVDSUZJRUQQABIVChFSRVVTRV9TT1VSQ0VfTk9ORRABEhoKFlJFVVNFX1NPVVJDRV9TTE9UX0xJVkUQAhIbChdSRVVTRV9TT1VSQ0VfQ0hFQ0tQT0lOVBADEh0KGVJFVVNFX1NPVVJDRV9QUkVGSVhfU1RPUkUQBCr6AQoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIVChFGSU5JU0hfUkVBU09OX0VPUxABEh0KGUZJTklTSF9SRUFTT05fU1RPUF9TVFJJTkcQAhIcChhGSU5JU0hfUkVBU09OX1NUT1BfVE9LRU4QAxIcChhGSU5JU0hfUkVBU09OX01BWF9UT0tFTlMQBBIeChpGSU5JU0hfUkVBU09OX0NPTlRFWFRfRlVMTBAFEhsKF0ZJTklTSF9SRUFTT05fQ0FOQ0VMTEVEEAYSHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEAcqiQEKDENhbmNlbFN0YXR1cxIdChlDQU5DRUxfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGwoXQ0FOQ0VMX1NUQVRVU19DQU5DRUxMRUQQARIiCh5DQU5DRUxfU1RBVFVTX0FMUkVBRFlfRklOSVNIRUQQAhIZChVDQU5DRUxfU1RBVFVTX1BFTkRJTkcQAyp5CglTbG90U3RhdGUSGgoWU0xPVF9TVEFURV9VTlNQRUNJRklFRBAAEhMKD1NMT1RfU1RBVEVfSURMRRABEiAKHFNMT1RfU1RBVEVfUFJPQ0VTU0lOR19QUk9NUFQQAhIZChVTTE9UX1NUQVRFX0dFTkVSQVRJTkcQAyq4AQoOQ2hlY2twb2ludEtpbmQSHwobQ0hFQ0tQT0lOVF9LSU5EX1VOU1BFQ0lGSUVEEAASIQodQ0hFQ0tQT0lOVF9LSU5EX01FU1NBR0VfU1RBUlQQARIeChpDSEVDS1BPSU5UX0tJTkRfUFJPTVBUX0VORBACEiQKIENIRUNLUE9JTlRfS0lORF9DTElFTlRfUkVRVUVTVEVEEAMSHAoYQ0hFQ0tQT0lOVF9LSU5EX0lOVEVSVkFMEAQqnAEKCk1lbW9yeUtpbmQSGwoXTUVNT1JZX0tJTkRfVU5TUEVDSUZJRUQQABIeChpNRU1PUllfS0lORF9BVFRFTlRJT05fT05MWRABEh4KGk1FTU9SWV9LSU5EX1NMSURJTkdfV0lORE9XEAISGQoVTUVNT1JZX0tJTkRfUkVDVVJSRU5UEAMSFgoSTUVNT1JZX0tJTkRfSFlCUklEEAQysQIKDkh5c2VydmVTZXJ2aWNlEkcKCEdlbmVyYXRlEhsuaHlzZXJ2ZS52MS5HZW5lcmF0ZVJlcXVlc3QaHC5oeXNlcnZlLnYxLkdlbmVyYXRlUmVzcG9uc2UwARI/CgZDYW5jZWwSGS5oeXNlcnZlLnYxLkNhbmNlbFJlcXVlc3QaGi5oeXNlcnZlLnYxLkNhbmNlbFJlc3BvbnNlEksKCkNhY2hlU3RhdHMSHS5oeXNlcnZlLnYxLkNhY2hlU3RhdHNSZXF1ZXN0Gh4uaHlzZXJ2ZS52MS5DYWNoZVN0YXRzUmVzcG9uc2USSAoJTW9kZWxJbmZvEhwuaHlzZXJ2ZS52MS5Nb2RlbEluZm9SZXF1ZXN0Gh0uaHlzZXJ2ZS52MS5Nb2RlbEluZm9SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct]);
 
 /**
  * GenerateRequest asks for one completion of one input.
@@ -200,6 +200,38 @@ export type ChatInput = Message<"hyserve.v1.ChatInput"> & {
    * @generated from field: google.protobuf.Struct chat_template_kwargs = 3;
    */
   chatTemplateKwargs?: JsonObject | undefined;
+
+  /**
+   * Functions the model may call, rendered by the chat template (as OpenAI's `tools`). With tools,
+   * the model's calls are parsed out of its text (Delta.tool_calls, Finished.tool_calls) in the
+   * format its chat template uses. Tools given here and under chat_template_kwargs.tools: refused.
+   *
+   * @generated from field: repeated hyserve.v1.Tool tools = 4;
+   */
+  tools: Tool[];
+
+  /**
+   * Whether and which tool the model must call. Unset: auto (the model decides).
+   *
+   * @generated from field: hyserve.v1.ToolChoice tool_choice = 5;
+   */
+  toolChoice?: ToolChoice | undefined;
+
+  /**
+   * Allow several calls in one answer. Unset: true.
+   *
+   * @generated from field: optional bool parallel_tool_calls = 6;
+   */
+  parallelToolCalls?: boolean | undefined;
+
+  /**
+   * Split the answer's reasoning (between the template's thinking markers) and its tool calls out
+   * of Delta.text into Delta.reasoning and Delta.tool_calls. False: Delta.text is the raw text.
+   * Unset: true.
+   *
+   * @generated from field: optional bool parse_output = 7;
+   */
+  parseOutput?: boolean | undefined;
 };
 
 /**
@@ -208,6 +240,114 @@ export type ChatInput = Message<"hyserve.v1.ChatInput"> & {
  */
 export const ChatInputSchema: GenMessage<ChatInput> = /*@__PURE__*/
   messageDesc(file_hyserve_v1_hyserve, 3);
+
+/**
+ * Tool is one function the model may call.
+ *
+ * @generated from message hyserve.v1.Tool
+ */
+export type Tool = Message<"hyserve.v1.Tool"> & {
+  /**
+   * Function name: 1-64 characters from [A-Za-z0-9_.-].
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * What the function does, for the model.
+   *
+   * @generated from field: string description = 2;
+   */
+  description: string;
+
+  /**
+   * The arguments as a JSON Schema object, in JSON text (e.g. {"type": "object", "properties":
+   * {...}, "required": [...]}). Empty: no arguments. Text rather than Struct keeps integers integers.
+   *
+   * @generated from field: string parameters_json = 3;
+   */
+  parametersJson: string;
+};
+
+/**
+ * Describes the message hyserve.v1.Tool.
+ * Use `create(ToolSchema)` to create a new message.
+ */
+export const ToolSchema: GenMessage<Tool> = /*@__PURE__*/
+  messageDesc(file_hyserve_v1_hyserve, 4);
+
+/**
+ * ToolChoice says whether the model must call a tool.
+ *
+ * @generated from message hyserve.v1.ToolChoice
+ */
+export type ToolChoice = Message<"hyserve.v1.ToolChoice"> & {
+  /**
+   * A mode or one function by name.
+   *
+   * @generated from oneof hyserve.v1.ToolChoice.choice
+   */
+  choice: {
+    /**
+     * auto, none or required.
+     *
+     * @generated from field: hyserve.v1.ToolChoiceMode mode = 1;
+     */
+    value: ToolChoiceMode;
+    case: "mode";
+  } | {
+    /**
+     * The model must call this function (one of ChatInput.tools).
+     *
+     * @generated from field: string function = 2;
+     */
+    value: string;
+    case: "function";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message hyserve.v1.ToolChoice.
+ * Use `create(ToolChoiceSchema)` to create a new message.
+ */
+export const ToolChoiceSchema: GenMessage<ToolChoice> = /*@__PURE__*/
+  messageDesc(file_hyserve_v1_hyserve, 5);
+
+/**
+ * ToolCall is one call the model made (in Finished) or made earlier (in an assistant ChatMessage).
+ *
+ * @generated from message hyserve.v1.ToolCall
+ */
+export type ToolCall = Message<"hyserve.v1.ToolCall"> & {
+  /**
+   * Id of the call ("call_..."); a "tool" message answers it with ChatMessage.tool_call_id.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * Name of the function.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * The arguments as a JSON object, in JSON text.
+   *
+   * @generated from field: string arguments_json = 3;
+   */
+  argumentsJson: string;
+};
+
+/**
+ * Describes the message hyserve.v1.ToolCall.
+ * Use `create(ToolCallSchema)` to create a new message.
+ */
+export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
+  messageDesc(file_hyserve_v1_hyserve, 6);
 
 /**
  * ChatMessage is one turn of a conversation.
@@ -243,6 +383,21 @@ export type ChatMessage = Message<"hyserve.v1.ChatMessage"> & {
    * @generated from field: optional string reasoning_content = 4;
    */
   reasoningContent?: string | undefined;
+
+  /**
+   * Calls an assistant message made (an earlier turn of a tool loop); rendered by the template
+   * with their arguments as a mapping, as Hugging Face transformers passes them.
+   *
+   * @generated from field: repeated hyserve.v1.ToolCall tool_calls = 5;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * For a "tool" message: the id of the call it answers.
+   *
+   * @generated from field: optional string tool_call_id = 6;
+   */
+  toolCallId?: string | undefined;
 };
 
 /**
@@ -250,7 +405,7 @@ export type ChatMessage = Message<"hyserve.v1.ChatMessage"> & {
  * Use `create(ChatMessageSchema)` to create a new message.
  */
 export const ChatMessageSchema: GenMessage<ChatMessage> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 4);
+  messageDesc(file_hyserve_v1_hyserve, 7);
 
 /**
  * SamplingParams chooses the next token. Every field is optional; unset means the server default
@@ -318,6 +473,15 @@ export type SamplingParams = Message<"hyserve.v1.SamplingParams"> & {
    * @generated from field: optional uint64 seed = 8;
    */
   seed?: bigint | undefined;
+
+  /**
+   * Restrict the output to a language (a JSON Schema, any JSON object, a regex or a grammar):
+   * before each token is chosen, every token that cannot continue a valid output is removed.
+   * Unset: no constraint. A constraint that does not compile is INVALID_ARGUMENT naming the field.
+   *
+   * @generated from field: hyserve.v1.Constraint constraint = 9;
+   */
+  constraint?: Constraint | undefined;
 };
 
 /**
@@ -325,7 +489,61 @@ export type SamplingParams = Message<"hyserve.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 5);
+  messageDesc(file_hyserve_v1_hyserve, 8);
+
+/**
+ * Constraint is the language the output must belong to; exactly one kind is set.
+ *
+ * @generated from message hyserve.v1.Constraint
+ */
+export type Constraint = Message<"hyserve.v1.Constraint"> & {
+  /**
+   * The kind of language and its definition.
+   *
+   * @generated from oneof hyserve.v1.Constraint.kind
+   */
+  kind: {
+    /**
+     * A JSON Schema, in JSON text: the output is one JSON value that validates against it.
+     *
+     * @generated from field: string json_schema = 1;
+     */
+    value: string;
+    case: "jsonSchema";
+  } | {
+    /**
+     * The output is one JSON object (any keys and values). Must be true when set.
+     *
+     * @generated from field: bool json_object = 2;
+     */
+    value: boolean;
+    case: "jsonObject";
+  } | {
+    /**
+     * A regular expression the whole output must match.
+     *
+     * @generated from field: string regex = 3;
+     */
+    value: string;
+    case: "regex";
+  } | {
+    /**
+     * A Lark grammar (the llguidance dialect, which can embed JSON Schemas with %json) the whole
+     * output must match, starting at its `start` rule.
+     *
+     * @generated from field: string grammar = 4;
+     */
+    value: string;
+    case: "grammar";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message hyserve.v1.Constraint.
+ * Use `create(ConstraintSchema)` to create a new message.
+ */
+export const ConstraintSchema: GenMessage<Constraint> = /*@__PURE__*/
+  messageDesc(file_hyserve_v1_hyserve, 9);
 
 /**
  * StoppingCriteria says when generation ends. The first condition met wins.
@@ -369,7 +587,7 @@ export type StoppingCriteria = Message<"hyserve.v1.StoppingCriteria"> & {
  * Use `create(StoppingCriteriaSchema)` to create a new message.
  */
 export const StoppingCriteriaSchema: GenMessage<StoppingCriteria> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 6);
+  messageDesc(file_hyserve_v1_hyserve, 10);
 
 /**
  * CacheOptions controls how the request uses and feeds the prompt cache. The cache never changes
@@ -402,7 +620,7 @@ export type CacheOptions = Message<"hyserve.v1.CacheOptions"> & {
  * Use `create(CacheOptionsSchema)` to create a new message.
  */
 export const CacheOptionsSchema: GenMessage<CacheOptions> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 7);
+  messageDesc(file_hyserve_v1_hyserve, 11);
 
 /**
  * GenerateResponse is one event of a Generate stream.
@@ -447,7 +665,7 @@ export type GenerateResponse = Message<"hyserve.v1.GenerateResponse"> & {
  * Use `create(GenerateResponseSchema)` to create a new message.
  */
 export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 8);
+  messageDesc(file_hyserve_v1_hyserve, 12);
 
 /**
  * Accepted is sent once, when the task leaves the queue and is assigned a slot.
@@ -515,7 +733,7 @@ export type Accepted = Message<"hyserve.v1.Accepted"> & {
  * Use `create(AcceptedSchema)` to create a new message.
  */
 export const AcceptedSchema: GenMessage<Accepted> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 9);
+  messageDesc(file_hyserve_v1_hyserve, 13);
 
 /**
  * Delta carries newly generated tokens. Deltas never repeat earlier content: concatenating all
@@ -547,6 +765,21 @@ export type Delta = Message<"hyserve.v1.Delta"> & {
    * @generated from field: repeated hyserve.v1.TokenLogprob logprobs = 3;
    */
   logprobs: TokenLogprob[];
+
+  /**
+   * Chat input with ChatInput.parse_output: reasoning text, split out of `text` (which then holds
+   * only the answer's content).
+   *
+   * @generated from field: string reasoning = 4;
+   */
+  reasoning: string;
+
+  /**
+   * Chat input with tools and ChatInput.parse_output: pieces of tool calls parsed out of `text`.
+   *
+   * @generated from field: repeated hyserve.v1.ToolCallDelta tool_calls = 5;
+   */
+  toolCalls: ToolCallDelta[];
 };
 
 /**
@@ -554,7 +787,51 @@ export type Delta = Message<"hyserve.v1.Delta"> & {
  * Use `create(DeltaSchema)` to create a new message.
  */
 export const DeltaSchema: GenMessage<Delta> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 10);
+  messageDesc(file_hyserve_v1_hyserve, 14);
+
+/**
+ * ToolCallDelta is a piece of one tool call being generated, in OpenAI's streaming shape: the
+ * first piece of a call carries its id and name, later ones fragments of its arguments JSON.
+ *
+ * @generated from message hyserve.v1.ToolCallDelta
+ */
+export type ToolCallDelta = Message<"hyserve.v1.ToolCallDelta"> & {
+  /**
+   * Index of the call within the answer (0, 1, ... for parallel calls).
+   *
+   * @generated from field: uint32 index = 1;
+   */
+  index: number;
+
+  /**
+   * Id of the call; set on its first piece only.
+   *
+   * @generated from field: string id = 2;
+   */
+  id: string;
+
+  /**
+   * Function name; set on its first piece only.
+   *
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * The next fragment of the arguments JSON text; the fragments of a call concatenate to
+   * Finished.tool_calls[index].arguments_json.
+   *
+   * @generated from field: string arguments_fragment = 4;
+   */
+  argumentsFragment: string;
+};
+
+/**
+ * Describes the message hyserve.v1.ToolCallDelta.
+ * Use `create(ToolCallDeltaSchema)` to create a new message.
+ */
+export const ToolCallDeltaSchema: GenMessage<ToolCallDelta> = /*@__PURE__*/
+  messageDesc(file_hyserve_v1_hyserve, 15);
 
 /**
  * TokenLogprob is the log-probability of one sampled token and its most likely alternatives.
@@ -596,7 +873,7 @@ export type TokenLogprob = Message<"hyserve.v1.TokenLogprob"> & {
  * Use `create(TokenLogprobSchema)` to create a new message.
  */
 export const TokenLogprobSchema: GenMessage<TokenLogprob> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 11);
+  messageDesc(file_hyserve_v1_hyserve, 16);
 
 /**
  * TopLogprob is one alternative token at a position.
@@ -631,7 +908,7 @@ export type TopLogprob = Message<"hyserve.v1.TopLogprob"> & {
  * Use `create(TopLogprobSchema)` to create a new message.
  */
 export const TopLogprobSchema: GenMessage<TopLogprob> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 12);
+  messageDesc(file_hyserve_v1_hyserve, 17);
 
 /**
  * Finished is the last event of every Generate stream that is not aborted by the client.
@@ -673,6 +950,14 @@ export type Finished = Message<"hyserve.v1.Finished"> & {
    * @generated from field: hyserve.v1.Timings timings = 5;
    */
   timings?: Timings | undefined;
+
+  /**
+   * Chat input with tools: the complete calls the answer made, in order (then reason is
+   * FINISH_REASON_TOOL_CALLS).
+   *
+   * @generated from field: repeated hyserve.v1.ToolCall tool_calls = 6;
+   */
+  toolCalls: ToolCall[];
 };
 
 /**
@@ -680,7 +965,7 @@ export type Finished = Message<"hyserve.v1.Finished"> & {
  * Use `create(FinishedSchema)` to create a new message.
  */
 export const FinishedSchema: GenMessage<Finished> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 13);
+  messageDesc(file_hyserve_v1_hyserve, 18);
 
 /**
  * Usage counts the tokens of one task.
@@ -722,7 +1007,7 @@ export type Usage = Message<"hyserve.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 14);
+  messageDesc(file_hyserve_v1_hyserve, 19);
 
 /**
  * Timings are wall-clock durations of one task in milliseconds.
@@ -764,7 +1049,7 @@ export type Timings = Message<"hyserve.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 15);
+  messageDesc(file_hyserve_v1_hyserve, 20);
 
 /**
  * CancelRequest names the task to stop.
@@ -787,7 +1072,7 @@ export type CancelRequest = Message<"hyserve.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 16);
+  messageDesc(file_hyserve_v1_hyserve, 21);
 
 /**
  * CancelResponse says what Cancel did.
@@ -808,7 +1093,7 @@ export type CancelResponse = Message<"hyserve.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 17);
+  messageDesc(file_hyserve_v1_hyserve, 22);
 
 /**
  * CacheStatsRequest asks for a snapshot of the cache. No fields yet.
@@ -823,7 +1108,7 @@ export type CacheStatsRequest = Message<"hyserve.v1.CacheStatsRequest"> & {
  * Use `create(CacheStatsRequestSchema)` to create a new message.
  */
 export const CacheStatsRequestSchema: GenMessage<CacheStatsRequest> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 18);
+  messageDesc(file_hyserve_v1_hyserve, 23);
 
 /**
  * CacheStatsResponse is a snapshot of the prompt cache and its cumulative counters.
@@ -865,7 +1150,7 @@ export type CacheStatsResponse = Message<"hyserve.v1.CacheStatsResponse"> & {
  * Use `create(CacheStatsResponseSchema)` to create a new message.
  */
 export const CacheStatsResponseSchema: GenMessage<CacheStatsResponse> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 19);
+  messageDesc(file_hyserve_v1_hyserve, 24);
 
 /**
  * MemoryUsage is the memory the slots and the prompt cache hold, by where it lives.
@@ -895,7 +1180,7 @@ export type MemoryUsage = Message<"hyserve.v1.MemoryUsage"> & {
  * Use `create(MemoryUsageSchema)` to create a new message.
  */
 export const MemoryUsageSchema: GenMessage<MemoryUsage> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 20);
+  messageDesc(file_hyserve_v1_hyserve, 25);
 
 /**
  * SlotStats describes one slot.
@@ -944,7 +1229,7 @@ export type SlotStats = Message<"hyserve.v1.SlotStats"> & {
  * Use `create(SlotStatsSchema)` to create a new message.
  */
 export const SlotStatsSchema: GenMessage<SlotStats> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 21);
+  messageDesc(file_hyserve_v1_hyserve, 26);
 
 /**
  * CheckpointInfo describes one saved copy of a slot's non-truncatable state (recurrent state,
@@ -988,7 +1273,7 @@ export type CheckpointInfo = Message<"hyserve.v1.CheckpointInfo"> & {
  * Use `create(CheckpointInfoSchema)` to create a new message.
  */
 export const CheckpointInfoSchema: GenMessage<CheckpointInfo> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 22);
+  messageDesc(file_hyserve_v1_hyserve, 27);
 
 /**
  * PrefixStoreStats describes the shared host-memory store of states keyed by token prefix.
@@ -1023,7 +1308,7 @@ export type PrefixStoreStats = Message<"hyserve.v1.PrefixStoreStats"> & {
  * Use `create(PrefixStoreStatsSchema)` to create a new message.
  */
 export const PrefixStoreStatsSchema: GenMessage<PrefixStoreStats> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 23);
+  messageDesc(file_hyserve_v1_hyserve, 28);
 
 /**
  * CacheCounters are cumulative counts since the server started. They only increase.
@@ -1150,7 +1435,7 @@ export type CacheCounters = Message<"hyserve.v1.CacheCounters"> & {
  * Use `create(CacheCountersSchema)` to create a new message.
  */
 export const CacheCountersSchema: GenMessage<CacheCounters> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 24);
+  messageDesc(file_hyserve_v1_hyserve, 29);
 
 /**
  * ModelInfoRequest asks for the model description. No fields yet.
@@ -1165,7 +1450,7 @@ export type ModelInfoRequest = Message<"hyserve.v1.ModelInfoRequest"> & {
  * Use `create(ModelInfoRequestSchema)` to create a new message.
  */
 export const ModelInfoRequestSchema: GenMessage<ModelInfoRequest> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 25);
+  messageDesc(file_hyserve_v1_hyserve, 30);
 
 /**
  * ModelInfoResponse describes the loaded model and the server.
@@ -1288,7 +1573,49 @@ export type ModelInfoResponse = Message<"hyserve.v1.ModelInfoResponse"> & {
  * Use `create(ModelInfoResponseSchema)` to create a new message.
  */
 export const ModelInfoResponseSchema: GenMessage<ModelInfoResponse> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 26);
+  messageDesc(file_hyserve_v1_hyserve, 31);
+
+/**
+ * ToolChoiceMode: how free the model is to call tools.
+ *
+ * @generated from enum hyserve.v1.ToolChoiceMode
+ */
+export enum ToolChoiceMode {
+  /**
+   * Unset: auto.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The model decides; a call, once begun, is held to the tools' schemas.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_AUTO = 1;
+   */
+  AUTO = 1,
+
+  /**
+   * No calls: the answer is text (the tools are still rendered into the prompt).
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_NONE = 2;
+   */
+  NONE = 2,
+
+  /**
+   * The answer is one or more calls of the given tools whose arguments match their schemas
+   * (enforced by constrained decoding).
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_REQUIRED = 3;
+   */
+  REQUIRED = 3,
+}
+
+/**
+ * Describes the enum hyserve.v1.ToolChoiceMode.
+ */
+export const ToolChoiceModeSchema: GenEnum<ToolChoiceMode> = /*@__PURE__*/
+  enumDesc(file_hyserve_v1_hyserve, 0);
 
 /**
  * ReuseSource says where the reused prompt state came from.
@@ -1337,7 +1664,7 @@ export enum ReuseSource {
  * Describes the enum hyserve.v1.ReuseSource.
  */
 export const ReuseSourceSchema: GenEnum<ReuseSource> = /*@__PURE__*/
-  enumDesc(file_hyserve_v1_hyserve, 0);
+  enumDesc(file_hyserve_v1_hyserve, 1);
 
 /**
  * FinishReason says why generation ended.
@@ -1393,13 +1720,20 @@ export enum FinishReason {
    * @generated from enum value: FINISH_REASON_CANCELLED = 6;
    */
   CANCELLED = 6,
+
+  /**
+   * The answer ended with one or more tool calls (Finished.tool_calls).
+   *
+   * @generated from enum value: FINISH_REASON_TOOL_CALLS = 7;
+   */
+  TOOL_CALLS = 7,
 }
 
 /**
  * Describes the enum hyserve.v1.FinishReason.
  */
 export const FinishReasonSchema: GenEnum<FinishReason> = /*@__PURE__*/
-  enumDesc(file_hyserve_v1_hyserve, 1);
+  enumDesc(file_hyserve_v1_hyserve, 2);
 
 /**
  * CancelStatus is the outcome of a Cancel.
@@ -1448,7 +1782,7 @@ export enum CancelStatus {
  * Describes the enum hyserve.v1.CancelStatus.
  */
 export const CancelStatusSchema: GenEnum<CancelStatus> = /*@__PURE__*/
-  enumDesc(file_hyserve_v1_hyserve, 2);
+  enumDesc(file_hyserve_v1_hyserve, 3);
 
 /**
  * SlotState is what a slot is doing.
@@ -1489,7 +1823,7 @@ export enum SlotState {
  * Describes the enum hyserve.v1.SlotState.
  */
 export const SlotStateSchema: GenEnum<SlotState> = /*@__PURE__*/
-  enumDesc(file_hyserve_v1_hyserve, 3);
+  enumDesc(file_hyserve_v1_hyserve, 4);
 
 /**
  * CheckpointKind says why a checkpoint was taken.
@@ -1537,7 +1871,7 @@ export enum CheckpointKind {
  * Describes the enum hyserve.v1.CheckpointKind.
  */
 export const CheckpointKindSchema: GenEnum<CheckpointKind> = /*@__PURE__*/
-  enumDesc(file_hyserve_v1_hyserve, 4);
+  enumDesc(file_hyserve_v1_hyserve, 5);
 
 /**
  * MemoryKind is the kind of per-sequence memory a model keeps.
@@ -1586,7 +1920,7 @@ export enum MemoryKind {
  * Describes the enum hyserve.v1.MemoryKind.
  */
 export const MemoryKindSchema: GenEnum<MemoryKind> = /*@__PURE__*/
-  enumDesc(file_hyserve_v1_hyserve, 5);
+  enumDesc(file_hyserve_v1_hyserve, 6);
 
 /**
  * HyserveService generates text with one GGUF model and reports on its prompt cache.
