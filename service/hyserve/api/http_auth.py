@@ -1,9 +1,10 @@
 """The same bearer-token check on the HTTP ports: an aiohttp middleware for the OpenAI-compatible
-front and a WSGI wrapper for the Prometheus endpoint (served by `metrics_http`)."""
+front (and the Anthropic Messages API on its port) and a WSGI wrapper for the Prometheus endpoint
+(served by `metrics_http`). On the front, Anthropic's clients send the token as `x-api-key`."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -11,21 +12,38 @@ from aiohttp import web
 from hyserve.api.auth import TokenStore, bearer_token
 from hyserve.api.metrics_http import WsgiApp
 
-__all__ = ["aiohttp_auth_middleware", "wsgi_auth"]
+__all__ = ["API_KEY_HEADER", "aiohttp_auth_middleware", "http_token", "wsgi_auth"]
+
+API_KEY_HEADER = "x-api-key"
+_MESSAGES_PATH = "/v1/messages"
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="hyserve"'}
 _MESSAGE = "a valid bearer token is required (header 'Authorization: Bearer TOKEN')"
+_API_KEY_MESSAGE = "a valid token is required (header 'x-api-key: TOKEN' or 'Authorization: Bearer TOKEN')"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def http_token(headers: Mapping[str, str]) -> str | None:
+    """The token of `Authorization: Bearer TOKEN`, else of `x-api-key: TOKEN`; None without either."""
+    token = bearer_token(headers.get("Authorization"))
+    if token is None:
+        token = (headers.get(API_KEY_HEADER) or "").strip() or None
+    return token
+
+
+def _denied_body(path: str) -> dict[str, Any]:
+    """A 401 body in the shape of the API the path belongs to (Anthropic's or OpenAI's)."""
+    if path == _MESSAGES_PATH or path.startswith(_MESSAGES_PATH + "/"):
+        return {"type": "error", "error": {"type": "authentication_error", "message": _API_KEY_MESSAGE}}
+    return {"error": {"message": _MESSAGE, "type": "authentication_error", "param": None, "code": None}}
 
 
 def aiohttp_auth_middleware(store: TokenStore, open_paths: frozenset[str]) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        token = bearer_token(request.headers.get("Authorization"))
-        if request.path not in open_paths and store.authenticate(token) is None:
-            body = {"error": {"message": _MESSAGE, "type": "authentication_error", "param": None, "code": None}}
-            return web.json_response(body, status=401, headers=_CHALLENGE)
+        if request.path not in open_paths and store.authenticate(http_token(request.headers)) is None:
+            return web.json_response(_denied_body(request.path), status=401, headers=_CHALLENGE)
         return await handler(request)
 
     return auth

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import structlog
 from aiohttp import web
 
+from hyserve.api.anthropic_http.handlers import AnthropicFront
 from hyserve.api.auth import bearer_token
 from hyserve.api.chat_output import ChatOutput, ParsedCall
 from hyserve.api.http_auth import aiohttp_auth_middleware
@@ -109,6 +110,8 @@ class OpenAIFront:
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/messages", AnthropicFront(self).messages)
+        app.router.add_post("/v1/messages/count_tokens", AnthropicFront(self).count_tokens)
         return app
 
     async def start(self, host: str, port: int) -> int:
