@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -58,6 +60,9 @@ class StubServicer(pb_grpc.HyserveServiceServicer):
         yield pb.GenerateResponse(
             accepted=pb.Accepted(task_id=task_id, prompt_tokens=3, reuse_source=pb.REUSE_SOURCE_NONE)
         )
+        if task_id == "tools":  # a thinking model calling a tool
+            yield from self._tool_answer()
+            return
         for token, text in ((10, "Hel"), (11, "lo")):
             yield pb.GenerateResponse(delta=pb.Delta(token_ids=[token], text=text))
         yield pb.GenerateResponse(
@@ -65,6 +70,23 @@ class StubServicer(pb_grpc.HyserveServiceServicer):
                 reason=pb.FINISH_REASON_MAX_TOKENS,
                 usage=pb.Usage(prompt_tokens=3, processed_prompt_tokens=3, completion_tokens=2),
                 timings=pb.Timings(time_to_first_token_ms=12.5, generation_ms=4.0),
+            )
+        )
+
+    @staticmethod
+    def _tool_answer() -> Iterator[Any]:
+        yield pb.GenerateResponse(delta=pb.Delta(token_ids=[20], reasoning="The user wants"))
+        yield pb.GenerateResponse(delta=pb.Delta(token_ids=[21], reasoning=" the weather."))
+        yield pb.GenerateResponse(delta=pb.Delta(token_ids=[22], text="Let me check."))
+        call = pb.ToolCallDelta(index=0, id="call_1", name="get_weather", arguments_fragment='{"city": ')
+        yield pb.GenerateResponse(delta=pb.Delta(token_ids=[23], tool_calls=[call]))
+        call = pb.ToolCallDelta(index=0, arguments_fragment='"Paris"}')
+        yield pb.GenerateResponse(delta=pb.Delta(token_ids=[24], tool_calls=[call]))
+        yield pb.GenerateResponse(
+            finished=pb.Finished(
+                reason=pb.FINISH_REASON_TOOL_CALLS,
+                tool_calls=[pb.ToolCall(id="call_1", name="get_weather", arguments_json='{"city": "Paris"}')],
+                usage=pb.Usage(prompt_tokens=3, completion_tokens=5),
             )
         )
 
@@ -247,6 +269,64 @@ def test_cli_against_stub(stub_server: tuple[str, StubServicer]) -> None:
     assert rc == 0 and '"cached_tokens": 42' in out and '"kind": "prompt_end"' in out
     rc, out, _ = _cli(["model-info", "--target", target])
     assert rc == 0 and '"memory_kind": "sliding_window"' in out
+
+
+def test_cli_constraints_and_tools(stub_server: tuple[str, StubServicer], tmp_path: Path) -> None:
+    target, servicer = stub_server
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object"}')
+    grammar = tmp_path / "yes_no.lark"
+    grammar.write_text('start: "yes" | "no"\n')
+    for flags, kind, value in (
+        (["--json-schema", str(schema)], "json_schema", {"type": "object"}),
+        (["--json-schema", '{"type": "array"}'], "json_schema", {"type": "array"}),
+        (["--json-object"], "json_object", True),
+        (["--regex", "[0-9]+"], "regex", "[0-9]+"),
+        (["--grammar", str(grammar)], "grammar", 'start: "yes" | "no"\n'),
+    ):
+        rc, out, _ = _cli(["generate", "Hi", "--target", target, *flags])
+        assert rc == 0 and out == "Hello\n"
+        constraint = servicer.requests[-1].sampling.constraint
+        assert constraint.WhichOneof("kind") == kind
+        sent = getattr(constraint, kind)
+        assert (json.loads(sent) if kind == "json_schema" else sent) == value
+    with pytest.raises(SystemExit):  # one constraint at most
+        _cli(["generate", "Hi", "--target", target, "--json-object", "--regex", "a"])
+
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]))
+    argv = ["generate", "--chat", "Weather in Paris?", "--task-id", "tools", "--target", target]
+    rc, out, err = _cli([*argv, "--tools", str(tools), "--tool-choice", "get_weather", "--no-parallel-tool-calls"])
+    assert rc == 0
+    chat = servicer.requests[-1].chat
+    assert [t.name for t in chat.tools] == ["get_weather"] and chat.tool_choice.function == "get_weather"
+    assert chat.HasField("parallel_tool_calls") and not chat.parallel_tool_calls
+    assert not chat.HasField("parse_output")
+    # the answer's text, then its calls as JSON lines on stdout; the reasoning on stderr
+    lines = out.splitlines()
+    assert lines[0] == "Let me check."
+    assert json.loads(lines[1]) == {"id": "call_1", "name": "get_weather", "arguments": {"city": "Paris"}}
+    assert err.startswith("The user wants the weather.\n") and "finish: tool_calls" in err
+
+    rc, out, err = _cli([*argv, "--tool-choice", "required", "--no-parse-output", "-q"])
+    chat = servicer.requests[-1].chat
+    assert rc == 0 and chat.tool_choice.mode == pb.TOOL_CHOICE_MODE_REQUIRED and not chat.parse_output
+    assert err == ""  # quiet: neither reasoning nor summary
+    rc, out, _ = _cli([*argv, "--json"])
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[1]["delta"]["reasoning"] == "The user wants"
+    assert events[4]["delta"]["tool_calls"] == [
+        {"index": 0, "id": "call_1", "name": "get_weather", "arguments_fragment": '{"city": '}
+    ]
+    assert events[-1]["finished"]["reason"] == "tool_calls"
+    assert events[-1]["finished"]["tool_calls"][0]["arguments_json"] == '{"city": "Paris"}'
+
+    rc, _, err = _cli(["generate", "Hi", "--tools", '[{"name": "f"}]', "--target", target])
+    assert rc == 2 and "--chat" in err
+    rc, _, err = _cli(["generate", "--chat", "Hi", "--tools", '{"name": "f"}', "--target", target])
+    assert rc == 2 and "JSON list" in err
+    rc, _, err = _cli(["generate", "--chat", "Hi", "--tools", '[{"type": "x"}]', "--target", target])
+    assert rc == 2 and "tool" in err
 
 
 def test_cli_embeds_in_another_parser() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import filecmp
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -153,12 +154,14 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 def test_go_client_live(live: Live) -> None:
     need("go")
-    output = run(["go", "test", "-count=1", "-v", "./..."], GO_DIR, env=live.env)
+    output = run(["go", "test", "-count=1", "-v", "-skip", GO_CONSTRAINT_TESTS, "./..."], GO_DIR, env=live.env)
     for name in (
         "TestStreamedGenerationEqualsPythonClient",
         "TestCancelRunningTask",
         "TestCancelBeforeGenerateIsPending",
         "TestCancelMalformedIdIsNotFound",
+        "TestConstraintOptions",
+        "TestToolOptionsAndMessages",
     ):
         assert f"--- PASS: {name}" in output, output[-4000:]
     assert "--- SKIP" not in output, output[-4000:]
@@ -177,13 +180,58 @@ def test_typescript_client_live(live: Live) -> None:
     need("node", "npm")
     if not (TS_DIR / "node_modules").exists():
         pytest.skip("clients/typescript/node_modules missing (npm ci)")
-    output = run(["npm", "test", "--silent"], TS_DIR, env=live.env)
-    assert "# fail 0" in output and "# skipped 0" in output and "# pass 7" in output, output[-4000:]
+    run(["npm", "run", "build", "--silent"], TS_DIR)
+    suites = sorted(str(p.relative_to(TS_DIR)) for p in (TS_DIR / "dist" / "test").glob("*.test.js"))
+    suites.remove(TS_CONSTRAINT_TESTS)
+    output = run(["node", "--test", *suites], TS_DIR, env=live.env)
+    assert "# fail 0" in output and "# skipped 0" in output and "# pass 9" in output, output[-4000:]
     assert live.cancelled_by_client("ts-abort-task"), "the aborted TypeScript stream's task was not cancelled"
     assert live.saw_session("ts-live-test")
-    # the README's example (compiled by `npm test`)
+    # the README's example (compiled by the build)
     example = ["node", "dist/examples/stream.js", live.target, PROMPT, str(MAX_TOKENS)]
     out = subprocess.run(example, cwd=TS_DIR, env=live.env, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode(errors="replace")
     assert out.stdout.decode() == live.env["HYSERVE_EXPECT_TEXT"]
     assert live.saw_session("example-session")
+
+
+# --- output constraints, from each client ---------------------------------------------------------
+
+GO_CONSTRAINT_TESTS = "TestJSONSchemaConstraint"
+TS_CONSTRAINT_TESTS = "dist/test/constraints.test.js"
+# One short JSON object, so that the answer ends well before max_tokens (the Go and TypeScript suites
+# ask with the same schema and prompt).
+CAPITAL_SCHEMA = {
+    "type": "object",
+    "properties": {"capital": {"type": "string", "enum": ["Paris", "Rome", "Berlin"]}},
+    "required": ["capital"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("client", ["python", "go", "typescript"])
+def test_json_schema_constraint_live(live: Live, client: str) -> None:
+    """Each client sends a JSON Schema constraint and gets an answer that parses and matches it."""
+    if client == "python":
+        with HyserveClient(live.target, timeout=120) as c:
+            text, finished = c.generate_text(
+                "The capital of France, as JSON:", max_tokens=48, json_schema=CAPITAL_SCHEMA
+            )
+        try:
+            answer = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise AssertionError(f"output {text!r} ({finished.reason}) is not JSON: {exc}") from None
+        assert answer["capital"] in ("Paris", "Rome", "Berlin"), text
+    elif client == "go":
+        need("go")
+        output = run(
+            ["go", "test", "-count=1", "-v", "-run", f"^{GO_CONSTRAINT_TESTS}$", "./hyserve"], GO_DIR, live.env
+        )
+        assert f"--- PASS: {GO_CONSTRAINT_TESTS}" in output, output[-4000:]
+    else:
+        need("node", "npm")
+        if not (TS_DIR / "node_modules").exists():
+            pytest.skip("clients/typescript/node_modules missing (npm ci)")
+        run(["npm", "run", "build", "--silent"], TS_DIR)
+        output = run(["node", "--test", TS_CONSTRAINT_TESTS], TS_DIR, env=live.env)
+        assert "# fail 0" in output and "# skipped 0" in output and "# pass 1" in output, output[-4000:]

@@ -247,6 +247,8 @@ def test_typed_views_cover_every_proto_field() -> None:
     pairs = {
         client_types.Accepted: "Accepted",
         client_types.Delta: "Delta",
+        client_types.ToolCallDelta: "ToolCallDelta",
+        client_types.ToolCall: "ToolCall",
         client_types.TokenLogprob: "TokenLogprob",
         client_types.TopLogprob: "TopLogprob",
         client_types.Finished: "Finished",

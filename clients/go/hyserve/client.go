@@ -136,19 +136,36 @@ func (c *Client) Generate(ctx context.Context, req *hyservev1.GenerateRequest) i
 
 // GenerateText runs a task to the end and returns its text and Finished event.
 func (c *Client) GenerateText(ctx context.Context, req *hyservev1.GenerateRequest) (string, *hyservev1.Finished, error) {
-	var text []byte
+	a, err := c.GenerateAnswer(ctx, req)
+	return a.Text, a.Finished, err
+}
+
+// Answer is a task's whole answer: its text (the content, with chat parse_output), its reasoning,
+// its tool calls, and its Finished event.
+type Answer struct {
+	Text      string
+	Reasoning string
+	ToolCalls []*hyservev1.ToolCall // Finished.ToolCalls: complete calls, arguments in JSON text
+	Finished  *hyservev1.Finished
+}
+
+// GenerateAnswer runs a task to the end and collects its text, reasoning and tool calls.
+func (c *Client) GenerateAnswer(ctx context.Context, req *hyservev1.GenerateRequest) (*Answer, error) {
+	var text, reasoning []byte
 	for ev, err := range c.Generate(ctx, req) {
 		if err != nil {
-			return string(text), nil, err
+			return &Answer{Text: string(text), Reasoning: string(reasoning)}, err
 		}
 		if d := ev.GetDelta(); d != nil {
 			text = append(text, d.Text...)
+			reasoning = append(reasoning, d.Reasoning...)
 		}
 		if f := ev.GetFinished(); f != nil {
-			return string(text), f, nil
+			return &Answer{Text: string(text), Reasoning: string(reasoning), ToolCalls: f.ToolCalls, Finished: f}, nil
 		}
 	}
-	return string(text), nil, &Error{Code: codes.Internal, Message: "the stream ended without a Finished event"}
+	return &Answer{Text: string(text), Reasoning: string(reasoning)},
+		&Error{Code: codes.Internal, Message: "the stream ended without a Finished event"}
 }
 
 // Cancel stops a queued or running task by id. CANCEL_STATUS_PENDING: no task has this id yet; the

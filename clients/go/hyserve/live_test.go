@@ -11,6 +11,7 @@ package hyserve_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"strconv"
 	"strings"
@@ -120,6 +121,28 @@ func TestStreamedGenerationEqualsPythonClient(t *testing.T) {
 	}
 	if fin.Usage.GetCompletionTokens() != uint32(len(ids)) {
 		t.Fatalf("usage %v for %d tokens", fin.Usage, len(ids))
+	}
+}
+
+// capitalSchema admits one short JSON object, so that the answer ends well before max_tokens.
+const capitalSchema = `{"type": "object", "properties": {"capital": {"type": "string", "enum": ["Paris", "Rome", "Berlin"]}},
+ "required": ["capital"], "additionalProperties": false}`
+
+func TestJSONSchemaConstraint(t *testing.T) {
+	c, _ := live(t)
+	req := hyserve.TextRequest("The capital of France, as JSON:", 48, hyserve.WithJSONSchema(capitalSchema))
+	_, text, _, fin, err := collect(testCtx(t), c, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer struct {
+		Capital string `json:"capital"`
+	}
+	if err := json.Unmarshal([]byte(text), &answer); err != nil {
+		t.Fatalf("output %q (%v) is not JSON: %v", text, fin.GetReason(), err)
+	}
+	if answer.Capital != "Paris" && answer.Capital != "Rome" && answer.Capital != "Berlin" {
+		t.Fatalf("output %q does not match the schema", text)
 	}
 }
 

@@ -20,6 +20,7 @@ from hyserve_client.client import (
 )
 from hyserve_client.requests import GenerateParams, Message, build_generate_request
 from hyserve_client.security import tls_credentials
+from hyserve_client.tools import Tool, ToolCall, ToolCallDelta, ToolChoiceSpec
 from hyserve_client.types import (
     Accepted,
     CacheCounters,
@@ -74,6 +75,10 @@ __all__ = [
     "SlotStats",
     "Timings",
     "TokenLogprob",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolChoiceSpec",
     "TopLogprob",
     "Usage",
     "__version__",

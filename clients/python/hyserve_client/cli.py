@@ -2,12 +2,15 @@
 
     python -m hyserve_client generate "Once upon a time" --max-tokens 64 --target localhost:50051
     python -m hyserve_client generate --chat "Why is the sky blue?" --template-kwarg enable_thinking=false
+    python -m hyserve_client generate "A JSON user record:" --json-schema user.schema.json
+    python -m hyserve_client generate --chat "Weather in Paris?" --tools tools.json --tool-choice required
     python -m hyserve_client cancel TASK_ID
     python -m hyserve_client stats
     python -m hyserve_client model-info
 
-`generate` streams the completion text to stdout and a one-line summary to stderr (or every event as
-a JSON line with --json); Ctrl-C cancels the task. `stats` and `model-info` print JSON. The target
+`generate` streams the completion text to stdout, the model's reasoning (chat) and a one-line summary
+to stderr, then the tool calls the answer made as JSON lines on stdout (or every event as a JSON line
+with --json); Ctrl-C cancels the task. `stats` and `model-info` print JSON. The target
 defaults to $HYSERVE_TARGET, else localhost:50051. Exit status: 0 ok, 1 gRPC error, 130 interrupted.
 
 Other programs embed these commands with `add_subcommands(subparsers)`: every subcommand sets
@@ -27,7 +30,7 @@ from typing import Any, cast
 from hyserve_client.client import HyserveClient, HyserveError
 from hyserve_client.requests import GenerateParams, Message
 from hyserve_client.security import tls_credentials
-from hyserve_client.types import Accepted, CancelStatus, Delta, Finished
+from hyserve_client.types import Accepted, CancelStatus, Delta, Finished, ToolCall
 
 __all__ = ["DEFAULT_TARGET", "add_subcommands", "build_parser", "main"]
 
@@ -91,6 +94,38 @@ def _template_kwarg(text: str) -> tuple[str, Any]:
         return key, raw
 
 
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+def _read_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _json_or_file(text: str) -> Any:
+    """JSON given inline (starting with { or [), else the JSON content of the file of that name."""
+    return _json_value(text if text.lstrip().startswith(("{", "[")) else _read_file(text))
+
+
+def _tool_choice(text: str) -> Any:
+    return text if text in ("auto", "none", "required") else {"function": text}
+
+
+def _tool_call_line(call: ToolCall) -> str:
+    try:
+        arguments = call.arguments()
+    except json.JSONDecodeError:
+        arguments = call.arguments_json  # shown as the model wrote it
+    return json.dumps({"id": call.id, "name": call.name, "arguments": arguments}, ensure_ascii=False)
+
+
 def _generate_params(args: argparse.Namespace) -> GenerateParams:
     chosen: dict[str, Any] = {}
     for key in (
@@ -127,6 +162,22 @@ def _generate_params(args: argparse.Namespace) -> GenerateParams:
         params["chat_template_kwargs"] = dict(args.template_kwarg)
     if args.parse_special:
         params["parse_special"] = True
+    if args.json_schema is not None:
+        params["json_schema"] = args.json_schema
+    if args.json_object:
+        params["json_object"] = True
+    if args.regex is not None:
+        params["regex"] = args.regex
+    if args.grammar is not None:
+        params["grammar"] = args.grammar
+    if args.tools is not None:
+        params["tools"] = args.tools
+    if args.tool_choice is not None:
+        params["tool_choice"] = args.tool_choice
+    if args.no_parallel_tool_calls:
+        params["parallel_tool_calls"] = False
+    if args.no_parse_output:
+        params["parse_output"] = False
     return params
 
 
@@ -152,8 +203,16 @@ def _run_generate(args: argparse.Namespace) -> int:
     if args.tokens is not None and (args.prompt is not None or args.chat):
         print("error: give either a prompt or --tokens", file=sys.stderr)
         return 2
-    if not args.chat and (args.system or args.template_kwarg):
-        print("error: --system and --template-kwarg need --chat", file=sys.stderr)
+    chat_only = args.system or args.template_kwarg or args.tools is not None or args.tool_choice is not None
+    if not args.chat and (chat_only or args.no_parallel_tool_calls or args.no_parse_output):
+        print(
+            "error: --system, --template-kwarg, --tools, --tool-choice, --no-parallel-tool-calls and"
+            " --no-parse-output need --chat",
+            file=sys.stderr,
+        )
+        return 2
+    if args.tools is not None and not isinstance(args.tools, list):
+        print("error: --tools must be a JSON list of tools", file=sys.stderr)
         return 2
     if args.parse_special and (args.chat or args.tokens is not None):
         print("error: --parse-special applies to a plain text prompt only", file=sys.stderr)
@@ -168,14 +227,26 @@ def _run_generate(args: argparse.Namespace) -> int:
     elif args.tokens is None:
         text = prompt
     params = _generate_params(args)
-    out = sys.stdout
+    out, err = sys.stdout, sys.stderr
+    reasoning_open = False  # reasoning was written to stderr and its line is not ended yet
     with _client(args) as client:
-        stream = client.generate(text, token_ids=args.tokens, messages=messages, **params)
+        try:
+            stream = client.generate(text, token_ids=args.tokens, messages=messages, **params)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         try:
             for event in stream:
                 if args.json:
                     out.write(json.dumps({type(event).__name__.lower(): _jsonable(event)}, ensure_ascii=False) + "\n")
                 elif isinstance(event, Delta):
+                    if event.reasoning and not args.quiet:
+                        err.write(event.reasoning)
+                        err.flush()
+                        reasoning_open = True
+                    if event.text and reasoning_open:
+                        err.write("\n")
+                        reasoning_open = False
                     out.write(event.text)
                 out.flush()
         except KeyboardInterrupt:
@@ -187,6 +258,10 @@ def _run_generate(args: argparse.Namespace) -> int:
             return 1
     if not args.json:
         out.write("\n")
+        if reasoning_open:
+            err.write("\n")
+        for call in stream.finished.tool_calls if stream.finished is not None else ():
+            out.write(_tool_call_line(call) + "\n")
         if stream.finished is not None and not args.quiet:
             print(_summary(stream.accepted, stream.finished), file=sys.stderr)
     return 0
@@ -253,6 +328,33 @@ def add_subcommands(subparsers: Any, *, prefix: str = "") -> None:
     stp.add_argument("--stop", action="append", help="stop string (repeatable)")
     stp.add_argument("--stop-token-ids", type=_token_list, help="stop token ids (e.g. 1,106)")
     stp.add_argument("--ignore-eos", action="store_true")
+    tls = gen.add_argument_group("tools (with --chat)")
+    tls.add_argument(
+        "--tools",
+        type=_json_or_file,
+        help="functions the model may call: a JSON file or JSON text, a list of OpenAI tools"
+        ' ({"type": "function", "function": {"name", "description", "parameters"}})',
+    )
+    tls.add_argument(
+        "--tool-choice",
+        type=_tool_choice,
+        metavar="CHOICE",
+        help="auto, none, required, or the name of the function to call (default: the server's, auto)",
+    )
+    tls.add_argument("--no-parallel-tool-calls", action="store_true", help="at most one call per answer")
+    tls.add_argument(
+        "--no-parse-output", action="store_true", help="raw text: leave reasoning and tool calls in the text"
+    )
+    cns = gen.add_argument_group("output constraint (at most one)").add_mutually_exclusive_group()
+    cns.add_argument(
+        "--json-schema",
+        type=_json_or_file,
+        metavar="SCHEMA",
+        help="one JSON value valid for this JSON Schema (a JSON file, or JSON text)",
+    )
+    cns.add_argument("--json-object", action="store_true", help="one JSON object")
+    cns.add_argument("--regex", help="text matching this regular expression")
+    cns.add_argument("--grammar", type=_read_file, metavar="FILE", help="text matching this Lark grammar (llguidance)")
     cch = gen.add_argument_group("cache")
     cch.add_argument("--no-cache-prompt", action="store_true", help="evaluate the whole prompt, keep nothing")
     cch.add_argument(
@@ -262,7 +364,7 @@ def add_subcommands(subparsers: Any, *, prefix: str = "") -> None:
     outg.add_argument("--json", action="store_true", help="print every event as a JSON line")
     outg.add_argument("--logprobs", action="store_true", help="ask for sampled-token logprobs (shown with --json)")
     outg.add_argument("--top-logprobs", type=int, default=0, help="alternatives per position (shown with --json)")
-    outg.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr")
+    outg.add_argument("-q", "--quiet", action="store_true", help="no reasoning and no summary line on stderr")
     gen.set_defaults(func=_run_generate)
 
     can = subparsers.add_parser(prefix + "cancel", help="cancel a task by id", description="Cancel a task by id.")

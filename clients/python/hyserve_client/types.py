@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from hyserve_client._gen import hyserve_pb2 as pb
+from hyserve_client.tools import ToolCall, ToolCallDelta
 
 __all__ = [
     "Accepted",
@@ -33,6 +34,8 @@ __all__ = [
     "SlotStats",
     "Timings",
     "TokenLogprob",
+    "ToolCall",
+    "ToolCallDelta",
     "TopLogprob",
     "Usage",
     "enum_from_proto",
@@ -60,6 +63,7 @@ class FinishReason(StrEnum):
     MAX_TOKENS = "max_tokens"
     CONTEXT_FULL = "context_full"
     CANCELLED = "cancelled"
+    TOOL_CALLS = "tool_calls"  # the answer is the calls in Finished.tool_calls
 
 
 class CancelStatus(StrEnum):
@@ -184,11 +188,17 @@ class TokenLogprob:
 
 @dataclass(frozen=True, slots=True)
 class Delta:
-    """New tokens and the text they completed (text may lag the tokens; see the proto)."""
+    """New tokens and the text they completed (text may lag the tokens; see the proto).
+
+    With chat input and parse_output (the default), reasoning and tool calls are split out of `text`
+    into `reasoning` and `tool_calls`.
+    """
 
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    reasoning: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
     @classmethod
     def from_proto(cls, m: pb.Delta) -> Delta:
@@ -196,6 +206,8 @@ class Delta:
             token_ids=tuple(m.token_ids),
             text=m.text,
             logprobs=tuple(TokenLogprob.from_proto(t) for t in m.logprobs),
+            reasoning=m.reasoning,
+            tool_calls=tuple(ToolCallDelta.from_proto(t) for t in m.tool_calls),
         )
 
 
@@ -239,13 +251,14 @@ class Timings:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """Last event of a stream: why the task ended, its token counts and timings."""
+    """Last event of a stream: why the task ended, its token counts and timings, the tool calls made."""
 
     reason: FinishReason
     stop_string: str = ""
     stop_token_id: int | None = None
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @classmethod
     def from_proto(cls, m: pb.Finished) -> Finished:
@@ -255,6 +268,7 @@ class Finished:
             stop_token_id=m.stop_token_id if m.HasField("stop_token_id") else None,
             usage=Usage.from_proto(m.usage),
             timings=Timings.from_proto(m.timings),
+            tool_calls=tuple(ToolCall.from_proto(c) for c in m.tool_calls),
         )
 
 

@@ -19,12 +19,22 @@ import {
   type Finished,
   type GenerateResponse,
   type ModelInfoResponse,
+  type ToolCall,
 } from "./gen/hyserve/v1/hyserve_pb.js";
 
 /** Metadata key a balancer may hash on to keep a conversation on one replica (and its cache). */
 export const SESSION_HEADER = "x-session-id";
 
 export type GenerateRequestInit = MessageInitShape<typeof GenerateRequestSchema>;
+
+/** A task's whole answer (see HyserveClient.generateText). */
+export interface Answer {
+  text: string;
+  reasoning: string;
+  /** Complete calls, arguments in JSON text (JSON.parse(call.argumentsJson)). */
+  toolCalls: ToolCall[];
+  finished: Finished;
+}
 
 export interface CallOptions {
   /** Aborting it cancels the call (and, for Generate, the task on the server). */
@@ -117,14 +127,20 @@ export class HyserveClient {
     }
   }
 
-  /** Runs a task to the end; returns its completion text and Finished event. */
-  async generateText(request: GenerateRequestInit, options?: CallOptions): Promise<{ text: string; finished: Finished }> {
+  /**
+   * Runs a task to the end; returns its completion text (the answer's content, for chat with
+   * parseOutput), its reasoning, its tool calls (Finished.toolCalls) and its Finished event.
+   */
+  async generateText(request: GenerateRequestInit, options?: CallOptions): Promise<Answer> {
     let text = "";
+    let reasoning = "";
     for await (const event of this.generate(request, options)) {
       if (event.event.case === "delta") {
         text += event.event.value.text;
+        reasoning += event.event.value.reasoning;
       } else if (event.event.case === "finished") {
-        return { text, finished: event.event.value };
+        const finished = event.event.value;
+        return { text, reasoning, toolCalls: finished.toolCalls, finished };
       }
     }
     throw new HyserveError(Code.Internal, "the stream ended without a Finished event");
