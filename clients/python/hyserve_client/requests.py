@@ -192,7 +192,7 @@ _MESSAGE_KEYS = frozenset(("role", "content", "name", "reasoning_content", "tool
 def _chat_message(m: Message | Mapping[str, Any]) -> pb.ChatMessage:
     if isinstance(m, Message):
         role, content, name, reasoning = m.role, m.content, m.name, m.reasoning_content
-        tool_calls, tool_call_id = m.tool_calls, m.tool_call_id
+        tool_calls, tool_call_id = m.tool_calls or (), m.tool_call_id
     else:
         extra = m.keys() - _MESSAGE_KEYS
         if extra:
