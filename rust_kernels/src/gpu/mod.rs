@@ -10,6 +10,7 @@
 //! - `open`: opening a device, and the probes of its `fma` and of the optional features.
 //! - `weights`: GGUF tensors uploaded once in their block formats, split across bindings.
 //! - `ops`: one function per operation; each records a dispatch and returns at once.
+//! - `matvec`: dense matmuls, on `matmul.wgsl` (exact numerics) or `matmul_fast.wgsl` (fast).
 //! - `recorder`: the pending encoder, the compute pass its dispatches share, their parameters.
 //! - `profile`: timestamp queries per dispatch (where the adapter has them), for the bench.
 //! - `moe`: the mixture-of-experts FFN (routing, expert FFNs on the block-format expert tensors).
@@ -22,6 +23,7 @@
 pub mod adapter;
 pub mod device;
 pub mod features;
+pub mod matvec;
 pub mod moe;
 pub mod numerics;
 pub mod open;

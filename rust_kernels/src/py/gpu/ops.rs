@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use super::device::GpuDevice;
 use super::tensor::{Dtype, GpuMatrix, GpuTensor};
 use crate::gpu::ops::{self, CopySpec, Elementwise, Rope};
-use crate::gpu::GpuBuffer;
+use crate::gpu::{matvec, GpuBuffer, GpuWeight};
 use crate::py::common::value_error;
 
 impl GpuDevice {
@@ -111,29 +111,18 @@ impl GpuDevice {
     ) -> PyResult<Vec<GpuTensor>> {
         self.check(&x, Dtype::F32, "matmul's input")?;
         let (n, cols) = x.rows_cols();
-        let mut quantized: Vec<ops::QuantizedAct> = Vec::new();
-        let mut out = Vec::with_capacity(ws.len());
-        for w in &ws {
-            if cols != w.cols {
-                return Err(value_error(format!(
-                    "matmul: input rows of {cols}, weight rows of {}",
-                    w.cols
-                )));
-            }
-            let kind = ops::act_kind(w.ggml_type);
-            let at = match quantized.iter().position(|q| q.kind == kind) {
-                Some(i) => i,
-                None => {
-                    quantized.push(ops::quantize_act(&self.gpu, &x.buf, n, cols, kind));
-                    quantized.len() - 1
-                }
-            };
-            out.push(self.tensor_of(
-                ops::matmul(&self.gpu, &w.w, &quantized[at]),
-                vec![n, w.rows],
-            ));
+        if let Some(w) = ws.iter().find(|w| w.cols != cols) {
+            return Err(value_error(format!(
+                "matmul: input rows of {cols}, weight rows of {}",
+                w.cols
+            )));
         }
-        Ok(out)
+        let weights: Vec<&GpuWeight> = ws.iter().map(|w| &w.w).collect();
+        Ok(matvec::matmul_many(&self.gpu, &weights, &x.buf, n, cols)
+            .into_iter()
+            .zip(&ws)
+            .map(|(out, w)| self.tensor_of(out, vec![n, w.rows]))
+            .collect())
     }
 
     /// Dequantized rows `ids` of the weight: n × cols.

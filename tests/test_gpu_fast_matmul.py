@@ -1,0 +1,102 @@
+"""The fast-numerics dense matmul (rust_kernels/src/gpu/shaders/matmul_fast.wgsl) in every weight
+format: a row's bits are the same whatever the batch or chunk it is computed in and run after run,
+with 16 threads per weight row (GPUs) or one (software adapters); close to the CPU kernels; and no
+more passes than the exact path (none to quantize F32 weights' activations)."""
+
+from __future__ import annotations
+
+import hyserve_kernels as hk
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from test_gpu_kernels import ALL_TYPES, K_QUANTS, random_matrix
+
+# several steps of 16 sub-blocks, the last one partial
+COLS = {t: 768 if t in K_QUANTS else 1056 for t in ALL_TYPES}
+ROWS = 37  # not a whole number of workgroups in either thread layout
+
+
+def open_device(**kw):  # -> hk.GpuDevice
+    try:
+        return hk.GpuDevice(None, None, allow_software=True, **kw)
+    except ValueError as exc:
+        pytest.skip(f"no wgpu adapter on this machine: {exc}")
+
+
+@pytest.fixture(scope="module", params=[1, 8], ids=["one-thread-a-row", "sixteen-threads-a-row"])
+def fast_device(request: pytest.FixtureRequest):  # -> hk.GpuDevice
+    """`lanes=1`: the software adapters' layout (one thread runs a row's 16 lanes, activations read
+    in place); `lanes=8`: the GPUs' (16 threads a row, activations staged in workgroup memory)."""
+    return open_device(numerics="fast", lanes=request.param)
+
+
+def inputs(t: T) -> tuple[hk.QMatrix, np.ndarray]:
+    m, _ = random_matrix(t, ROWS, COLS[t], seed=int(t))
+    x = np.random.default_rng(200 + int(t)).standard_normal((64, COLS[t])).astype(np.float32)
+    return m, x
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_fast_matmul_rows_never_depend_on_the_batch(fast_device, t: T) -> None:
+    m, x = inputs(t)
+    w = fast_device.matrix(m)
+    whole = fast_device.to_host(fast_device.matmul(w, fast_device.tensor(x)))
+    np.testing.assert_array_equal(fast_device.to_host(fast_device.matmul(w, fast_device.tensor(x))), whole)
+    for lo, n in [(0, 1), (0, 3), (0, 8), (0, 9), (5, 1), (7, 3), (13, 8), (30, 9), (55, 9)]:
+        part = fast_device.to_host(fast_device.matmul(w, fast_device.tensor(x[lo : lo + n])))
+        np.testing.assert_array_equal(part, whole[lo : lo + n], err_msg=f"rows {lo}..{lo + n}")
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_fast_matmul_is_close_to_the_cpu(fast_device, t: T) -> None:
+    """The same integer products as the CPU (quantized formats), summed in another float order."""
+    m, x = inputs(t)
+    gpu = fast_device.to_host(fast_device.matmul(fast_device.matrix(m), fast_device.tensor(x[:9])))
+    cpu = hk.matmul(m, x[:9])
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-5, atol=2e-6 * float(np.abs(cpu).max()))
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_thread_layouts_give_the_same_bits(t: T) -> None:
+    one, sixteen = open_device(numerics="fast", lanes=1), open_device(numerics="fast", lanes=8)
+    m, x = inputs(t)
+    a = one.to_host(one.matmul(one.matrix(m), one.tensor(x[:11])))
+    np.testing.assert_array_equal(a, sixteen.to_host(sixteen.matmul(sixteen.matrix(m), sixteen.tensor(x[:11]))))
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+def test_fast_tensors_split_across_bindings_give_the_same_rows(t: T) -> None:
+    small, whole = open_device(numerics="fast", max_binding=2048), open_device(numerics="fast")
+    m, x = inputs(t)
+    assert small.matrix(m).n_bindings > 1
+    a = small.to_host(small.matmul(small.matrix(m), small.tensor(x[:5])))
+    np.testing.assert_array_equal(a, whole.to_host(whole.matmul(whole.matrix(m), whole.tensor(x[:5]))))
+
+
+def passes(dev, m: hk.QMatrix, x: np.ndarray) -> dict[str, int]:
+    ts = hk.GpuTimestamps(dev)
+    if not ts.supported:
+        pytest.skip("the adapter has no timestamp queries")
+    w, xt = dev.matrix(m), dev.tensor(x)
+    dev.flush()
+    ts.start()
+    try:
+        ts.take()
+        dev.to_host(dev.matmul(w, xt))
+        totals, untimed = ts.take()
+    finally:
+        ts.stop()
+    assert untimed == 0
+    return {name: n for name, (_, n) in totals.items() if name != "copy"}
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_fast_matmul_records_no_more_passes_than_exact(t: T) -> None:
+    m, x = inputs(t)
+    fast = passes(open_device(numerics="fast"), m, x[:1])
+    exact = passes(open_device(numerics="exact"), m, x[:1])
+    assert exact == {"quantize_act": 1, "matmul": 1}, exact
+    if t == T.F32:
+        assert fast == {"matmul_fast": 1}, fast  # f32 activations are read as they are
+    else:
+        assert fast == {"quantize_act": 1, "matmul_fast": 1}, fast
