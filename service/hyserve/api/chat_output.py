@@ -8,7 +8,20 @@ that may still be the start of a marker is held back, so a marker never leaks in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from hyserve.chat import (
+    ChatEvent,
+    ChatOutputParser,
+    ContentDelta,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallBegin,
+    ToolCallEnd,
+    ToolCallFormat,
+)
 
 __all__ = ["ChatOutput", "ChatPiece", "OutputSpec", "ParsedCall", "ToolCallPiece"]
 
@@ -45,10 +58,24 @@ class ParsedCall:
 class OutputSpec:
     """How a task's answer is split: decided at preparation from the chat template and request."""
 
-    tool_format: object | None = None  # the template's call format; None: no tool parsing
-    tools: tuple[dict, ...] = ()
+    tool_format: ToolCallFormat | None = None  # the template's call format; None: no tool parsing
+    tools: tuple[dict[str, Any], ...] = ()
     reasoning_markers: tuple[str, str] | None = None
     starts_in_reasoning: bool = False  # the prompt already opened the reasoning block
+
+
+def _piece(events: Sequence[ChatEvent]) -> ChatPiece:
+    content, reasoning, calls = [], [], []
+    for event in events:
+        if isinstance(event, ContentDelta):
+            content.append(event.text)
+        elif isinstance(event, ReasoningDelta):
+            reasoning.append(event.text)
+        elif isinstance(event, ToolCallBegin):
+            calls.append(ToolCallPiece(event.index, event.id, event.name))
+        elif isinstance(event, ToolCallArguments):
+            calls.append(ToolCallPiece(event.index, arguments=event.fragment))
+    return ChatPiece("".join(content), "".join(reasoning), tuple(calls))
 
 
 class ChatOutput:
@@ -56,9 +83,21 @@ class ChatOutput:
 
     def __init__(self, spec: OutputSpec) -> None:
         self.spec = spec
+        self._parser = ChatOutputParser(
+            spec.tool_format, list(spec.tools) or None, spec.reasoning_markers, spec.starts_in_reasoning
+        )
+        self._calls: list[ParsedCall] = []
+
+    def _take(self, events: Sequence[ChatEvent]) -> ChatPiece:
+        for event in events:
+            if isinstance(event, ToolCallEnd):
+                self._calls.append(ParsedCall(event.call.id, event.call.name, event.call.arguments_json))
+        return _piece(events)
 
     def push(self, text: str) -> ChatPiece:
-        return ChatPiece(content=text)
+        return self._take(self._parser.push(text)) if text else ChatPiece()
 
     def finish(self) -> tuple[ChatPiece, tuple[ParsedCall, ...]]:
-        return ChatPiece(), ()
+        events, _ = self._parser.finish()
+        tail = self._take(events)
+        return tail, tuple(self._calls)
