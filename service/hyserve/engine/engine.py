@@ -16,6 +16,7 @@ import structlog
 
 from hyserve.engine.cancel import CancelSource
 from hyserve.engine.config import EngineConfig
+from hyserve.engine.constraints import GrammarCompiler
 from hyserve.engine.loop import EngineLoop
 from hyserve.engine.prefix_store import PrefixStore
 from hyserve.engine.scheduler import QueueFullError, queued_tokens_error
@@ -72,6 +73,9 @@ class Engine:
         self.arch = arch
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
+        # the model's constraint compiler: the API compiles each request's constraint with it
+        # (off the engine thread) and hands the result over as Task.grammar
+        self.grammars = GrammarCompiler(tokenizer, arch.n_vocab)
         self._shared = Shared(self.config)
         self._loop = EngineLoop(arch, tokenizer, self.config, self._shared)  # engine thread only
         self._thread: threading.Thread | None = None

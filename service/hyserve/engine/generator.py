@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hyserve.engine.constraints import CompiledGrammar, TokenMatcher
 from hyserve.engine.drafting import Drafter, NgramDrafter
 from hyserve.engine.sampling import SamplingParams, sample
 from hyserve.engine.speculative import DraftLength, SpecConfig, SpecStats, Verified, keep_accepted, verify
 from hyserve.engine.stop import StopCheck, StopRule
+from hyserve.engine.token_step import advance_grammar
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import LoadedModel
 from hyserve.model.memory import SequenceMemory
@@ -50,16 +52,21 @@ def generate(
     spec: SpecConfig | None = None,
     spec_stats: SpecStats | None = None,
     drafter: Drafter | None = None,
+    grammar: CompiledGrammar | None = None,
 ) -> Iterator[Generated]:
     """Sample until a stop rule ends the generation (stop.py: the same rules, in the same order, as
     the engine's, so the same request gives the same tokens and text here and through the server).
     With `spec`, drafted tokens are verified several per forward (speculative.py): the same tokens
     come out, greedy or seeded; `spec_stats` counts the drafts; `drafter` replaces the one `spec`
-    names (the benchmarks' scripted drafts)."""
+    names (the benchmarks' scripted drafts). With `grammar`, the output matches it (token_step.py:
+    the same masking and ending as the engine's); ConstraintViolation if the grammar cannot go on."""
     if not prompt:
         raise ValueError("empty prompt")
     memory = model.arch.new_memory(n_ctx)
     memory.check_room(len(prompt))
+    matcher = TokenMatcher(grammar) if grammar is not None else None
+    if matcher is not None:
+        matcher.start_mask()  # computed while the prompt is evaluated
     rows = prefill(model, memory, prompt, chunk)[None, :]
     rng = np.random.default_rng(params.seed)
     history = list(prompt)
@@ -75,9 +82,11 @@ def generate(
     while True:
         # rows[i]: the logits after the last sampled token and i drafted ones; sampled in order
         for i, row in enumerate(rows):
-            token = sample(row, history, params, rng)
+            token = sample(matcher.apply(row) if matcher is not None else row, history, params, rng)
+            if matcher is not None:
+                matcher.consume(token)  # a drafted row is sampled only after its draft was: same state
             history.append(token)
-            decision = check.push(token)
+            decision = advance_grammar(matcher, token, check.push(token), check, model.tokenizer.is_eog(token))
             if decision.reason is not None:
                 yield Generated(token, decision.text, decision.reason.value)
                 return

@@ -38,10 +38,10 @@ from hyserve.engine.cache_plan import (
 )
 from hyserve.engine.checkpoints import Checkpoint, CheckpointList
 from hyserve.engine.config import EngineConfig
+from hyserve.engine.constraints import ConstraintViolation, TokenMatcher
 from hyserve.engine.guards import InvariantError, require
 from hyserve.engine.invariants import InvariantChecker
 from hyserve.engine.prefix_store import PrefixStore, StoredSequence
-from hyserve.engine.sampling import apply_penalties, log_softmax, sample
 from hyserve.engine.scheduler import SlotWork, compose_batch
 from hyserve.engine.shared import Shared
 from hyserve.engine.slot import Run, Slot
@@ -55,8 +55,8 @@ from hyserve.engine.task import (
     FinishReason,
     Task,
     TaskState,
-    TokenLogprob,
 )
+from hyserve.engine.token_step import take_token
 from hyserve.model.architectures.base import Architecture, ForwardCancelled, Logits, Segment
 from hyserve.model.memory import SequenceMemory
 from hyserve.model.tokenizer import Tokenizer
@@ -206,6 +206,8 @@ class EngineLoop:
         """Prepare the slot's memory for the task's resume point (from `entry`, the planned store
         entry, if any) and create its run."""
         plan = admission.plan
+        # first: a grammar that cannot start fails the task before the slot is touched
+        matcher = TokenMatcher(task.grammar) if task.grammar is not None else None
         if admission.stash:
             self._stash(slot)
         if entry is not None:
@@ -241,7 +243,10 @@ class EngineLoop:
             history=list(task.prompt),
             schedule=deque(admission.checkpoints),
             first_logits=first_logits,
+            matcher=matcher,
         )
+        if matcher is not None:  # the first token's mask, computed while the prompt is evaluated
+            matcher.start_mask()
         slot.run = run
         return run
 
@@ -395,41 +400,19 @@ class EngineLoop:
     def _sample_or_fail(self, run: Run, logits: np.ndarray, now: float) -> None:
         try:
             self._on_logits(run, logits, now)
+        except ConstraintViolation as exc:  # the grammar cannot go on (or is over its limits)
+            run.task.log.warning("constraint_failed", error=str(exc))
+            self._fail(run, f"constrained decoding failed: {exc}")
         except Exception as exc:  # sampling/decoding bug for this task: fail it alone
             run.task.log.exception("sampling_failed")
             self._fail(run, f"sampling failed: {type(exc).__name__}: {exc}")
 
     def _on_logits(self, run: Run, logits: np.ndarray, now: float) -> None:
-        task = run.task
-        logprob = self._logprob(run, logits) if task.logprobs or task.top_logprobs else None
-        token = sample(logits, run.history, task.params, run.rng)
-        if logprob is not None:
-            lp, top = logprob
-            logprob_entry: tuple[TokenLogprob, ...] = (TokenLogprob(token, float(lp[token]), top),)
-        else:
-            logprob_entry = ()
-        run.history.append(token)
-        run.generated.append(token)
-        if run.first_token_at is None:
-            run.first_token_at = now
-        run.last_token_at = now
-
-        decision = run.stop.push(token)
-        task.emit(DeltaEvent((token,), decision.text, logprob_entry))
+        token, decision = take_token(run, logits, now, self.tokenizer.is_eog)
         if decision.reason is None:
             run.next_token = token
         else:
             self._finish(run, decision.reason, decision.stop_string, decision.stop_token_id)
-
-    def _logprob(self, run: Run, logits: np.ndarray) -> tuple[np.ndarray, tuple[tuple[int, float], ...]]:
-        """Log-probabilities after penalties, before temperature/top-k/top-p/min-p (see the proto)."""
-        lp = log_softmax(apply_penalties(logits, run.history, run.task.params))
-        k = min(run.task.top_logprobs, len(lp))
-        if k <= 0:
-            return lp, ()
-        idx = np.argpartition(-lp, k - 1)[:k]
-        idx = idx[np.lexsort((idx, -lp[idx]))]
-        return lp, tuple((int(i), float(lp[i])) for i in idx)
 
     def _end_cancelled(self, run: Run) -> None:
         tail = run.stop.finish()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from hyserve.engine.stop import StopCheck
 from hyserve.engine.task import Task, Timings, Usage
 from hyserve.model.architectures.base import Architecture
 from hyserve.model.memory import SequenceMemory
+
+if TYPE_CHECKING:
+    from hyserve.engine.constraints import TokenMatcher
 
 __all__ = ["Run", "Slot", "memory_kind"]
 
@@ -121,6 +125,7 @@ class Run:
     next_token: int | None = None  # sampled, not yet evaluated
     schedule: deque[tuple[int, CheckpointKind]] = field(default_factory=deque)  # checkpoints still to take
     first_logits: np.ndarray | None = None  # a restored checkpoint's logits: sample before any forward
+    matcher: TokenMatcher | None = None  # the task's grammar position, when its output is constrained
     processed: int = 0  # prompt tokens evaluated for this task
     prompt_done_at: float | None = None
     first_token_at: float | None = None

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -26,6 +26,9 @@ from hyserve.engine.cache_plan import ReuseSource
 from hyserve.engine.cancel import CancelFlag
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.stop import FinishReason, StopRule
+
+if TYPE_CHECKING:  # the API side compiles grammars; a task only carries one
+    from hyserve.engine.constraints import CompiledGrammar
 
 log = structlog.get_logger(__name__)
 
@@ -139,6 +142,8 @@ class Task:
     # token index where each chat message starts (for checkpoints; empty for text/token input)
     message_boundaries: tuple[int, ...] = ()
     checkpoint_offsets: tuple[int, ...] = ()
+    # the output must match this (GrammarCompiler.compile, done before the task is submitted)
+    grammar: CompiledGrammar | None = None
     received_at: float = field(default_factory=time.perf_counter)
     cancel_flag: CancelFlag = field(default_factory=CancelFlag)
     state: TaskState = TaskState.QUEUED

