@@ -119,7 +119,12 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         model = runtime.model
         try:
             prepared = await run_prepare(
-                prepare_generate, request, model.tokenizer, runtime.chat_template, runtime.limits
+                prepare_generate,
+                request,
+                model.tokenizer,
+                runtime.chat_template,
+                runtime.limits,
+                runtime.engine.grammars,
             )
         except ValidationError as exc:
             log.info("generate_rejected", task_id=request.task_id, code="INVALID_ARGUMENT", reason=str(exc))

@@ -56,6 +56,7 @@ class TaskRun:
             cache_prompt=prepared.cache_prompt,
             message_boundaries=prepared.message_boundaries,
             checkpoint_offsets=prepared.checkpoint_offsets,
+            grammar=prepared.grammar,
         )
         if session_id:
             self.task.log = self.task.log.bind(session_id=session_id[:128])

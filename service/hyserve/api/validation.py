@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from google.protobuf import json_format
 
+from hyserve.api.answer_format import AnswerFormatError, answer_format, template_traits
 from hyserve.api.chat_input import ChatRequest, ChatValidationError, chat_request
 from hyserve.api.chat_output import OutputSpec
 from hyserve.api.gen import hyserve_pb2 as pb
@@ -26,6 +27,7 @@ from hyserve.api.limits import (
     prompt_size_error,
 )
 from hyserve.engine.cache_plan import ChatLayout, chat_checkpoint_positions
+from hyserve.engine.constraints import CompiledGrammar, ConstraintError, GrammarCompiler
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.stop import StopRule
 from hyserve.engine.task import new_task_id
@@ -87,6 +89,8 @@ class PreparedRequest:
     checkpoint_offsets: tuple[int, ...]
     # chat input: how the answer's text splits into content, reasoning and tool calls
     output: OutputSpec | None = None
+    # what the output must match (a request's constraint or a required tool call), compiled
+    grammar: CompiledGrammar | None = None
 
 
 def is_task_id(text: str) -> bool:
@@ -278,7 +282,11 @@ def _checkpoint_offsets(offsets: Sequence[int], n_prompt: int) -> tuple[int, ...
 
 
 def prepare_generate(
-    request: pb.GenerateRequest, tokenizer: TokenizerLike, template: ChatTemplate, limits: RequestLimits
+    request: pb.GenerateRequest,
+    tokenizer: TokenizerLike,
+    template: ChatTemplate,
+    limits: RequestLimits,
+    grammars: GrammarCompiler | None = None,
 ) -> PreparedRequest:
     """Validate a GenerateRequest and turn it into what the engine runs. Raises ValidationError.
 
@@ -299,6 +307,13 @@ def prepare_generate(
         )
     stop = stop_rule(request.stopping, request.HasField("stopping"), tokenizer.vocab_size, len(prompt), limits)
     cache_prompt = request.cache.cache_prompt if request.cache.HasField("cache_prompt") else True
+    try:
+        spec, output = answer_format(request.sampling, built.chat, built.text, template_traits(template.source))
+        if spec is not None and grammars is None:
+            raise ValidationError(f"{spec.field}: constrained decoding is not available here")
+        grammar = grammars.compile(spec) if spec is not None and grammars is not None else None
+    except (AnswerFormatError, ConstraintError) as exc:
+        raise ValidationError(str(exc)) from exc
     return PreparedRequest(
         task_id=task_id,
         prompt=tuple(prompt),
@@ -309,4 +324,6 @@ def prepare_generate(
         cache_prompt=cache_prompt,
         message_boundaries=tuple(message_boundaries),
         checkpoint_offsets=_checkpoint_offsets(request.cache.checkpoint_offsets, len(prompt)),
+        output=output,
+        grammar=grammar,
     )

@@ -104,7 +104,9 @@ class AnthropicFront:
         parsed = parse_messages(body, "msg_" + uuid.uuid4().hex)
         tok = runtime.model.tokenizer
         try:
-            prepared = await run_prepare(prepare_generate, parsed.generate, tok, runtime.chat_template, runtime.limits)
+            prepared = await run_prepare(
+                prepare_generate, parsed.generate, tok, runtime.chat_template, runtime.limits, runtime.engine.grammars
+            )
         except ValidationError as exc:
             log.info("http_rejected", task_id=parsed.generate.task_id, reason=str(exc))
             raise AnthropicError(field_message(str(exc))) from exc

@@ -185,7 +185,9 @@ class OpenAIFront:
         parsed = parse_chat(body, task_id) if kind == "chat" else parse_completion(body, task_id)
         tok = runtime.model.tokenizer
         try:
-            prepared = await run_prepare(prepare_generate, parsed.generate, tok, runtime.chat_template, runtime.limits)
+            prepared = await run_prepare(
+                prepare_generate, parsed.generate, tok, runtime.chat_template, runtime.limits, runtime.engine.grammars
+            )
         except ValidationError as exc:
             log.info("http_rejected", task_id=task_id, reason=str(exc))
             raise OpenAIError(str(exc), validation_param(str(exc), kind)) from exc

@@ -287,6 +287,10 @@ _PARAMS = {
     "text.text": "prompt",
     "chat.chat_template_kwargs": "chat_template_kwargs",
     "chat.messages": "messages",
+    "chat.tools": "tools",
+    "chat.tool_choice": "tool_choice",
+    "chat.tool_choice.function": "tool_choice",
+    "chat.tool_choice.mode": "tool_choice",
     "chat": "messages",
     "top_logprobs": "top_logprobs",
     "task_id": None,
@@ -298,6 +302,8 @@ def validation_param(message: str, kind: Literal["chat", "completion"]) -> str |
     field = message.split(":", 1)[0].split("[", 1)[0]
     if field == "input":
         return "messages" if kind == "chat" else "prompt"
+    if field.startswith("sampling.constraint"):
+        return "response_format"
     if field.startswith("sampling."):
         return field.removeprefix("sampling.")
     return _PARAMS.get(field, field if field.isidentifier() else None)
