@@ -26,6 +26,7 @@ from server_process import free_port, running_server
 
 from hyserve.api.openai_http.requests import parse_chat
 from hyserve.api.validation import prompt_tokens
+from hyserve.chat import parse_chat_output
 from hyserve.model.backend.select import DeviceRequest
 from hyserve.model.loader import LoadedModel, load_model
 from hyserve_client import Delta, Finished, FinishReason, HyserveClient, HyserveError
@@ -256,3 +257,27 @@ def test_a_hostile_schema_is_refused_and_a_running_stream_is_untouched(served: S
         assert info.value.code is grpc.StatusCode.INVALID_ARGUMENT
         assert "sampling.constraint.json_schema" in info.value.details
     assert [t for e in canary if isinstance(e, Delta) for t in e.token_ids] == solo
+
+
+def test_reasoning_is_split_out_streamed_and_not(served: Served) -> None:
+    """The prompt opens the reasoning (thinking on): the answer's text up to `</think>` comes back as
+    `reasoning_content`, the same streamed and not, and it is what the model wrote."""
+    oai = openai.OpenAI(base_url=f"{served.base}/v1", api_key="unused", timeout=300, max_retries=0)
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Think first."}],
+        "temperature": 0,
+        "max_tokens": 24,
+        "extra_body": {"return_token_ids": True},
+    }
+    message = oai.chat.completions.create(**body).choices[0]
+    written = served.model.tokenizer.decode(message.token_ids, skip_special=True)
+    expected = parse_chat_output(written, None, None, ("<think>", "</think>"), starts_inside=True)
+    assert message.message.reasoning_content == expected.reasoning != ""
+    assert (message.message.content or "") == expected.content
+    streamed = {"reasoning_content": "", "content": ""}
+    for chunk in oai.chat.completions.create(**body, stream=True):
+        for choice in chunk.choices:
+            for key in streamed:
+                streamed[key] += getattr(choice.delta, key, None) or ""
+    assert streamed == {"reasoning_content": expected.reasoning, "content": expected.content}
