@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from hyserve.engine.constraints import CompiledGrammar, ConstraintSpec, GrammarCompiler
 from hyserve.engine.engine import Engine, EngineConfig
-from hyserve.engine.generator import StopRule, generate
+from hyserve.engine.generator import SpecConfig, SpecStats, StopRule, generate
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.task import DeltaEvent, Event, FailedEvent, FinishedEvent, FinishReason, Task
 from hyserve.model.loader import LoadedModel, load_model
@@ -340,3 +340,22 @@ def test_the_cache_never_changes_a_constrained_or_later_answer(hybrid: Rig) -> N
         fresh = Request(request.prompt, request.grammar, request.params, request.max_tokens, request.ignore_eos, False)
         (expected,) = run(hybrid.reference, [fresh])
         assert (cached.tokens, cached.logprobs, cached.reason) == (expected.tokens, expected.logprobs, expected.reason)
+
+
+def test_speculative_decoding_keeps_a_constrained_answer(hybrid: Rig) -> None:
+    """Drafted rows are sampled in order after their draft tokens were consumed: same tokens."""
+    grammar = hybrid.compile(
+        "json_schema", json.dumps({"type": "array", "items": {"enum": ["ab", "ab ab"]}, "minItems": 6, "maxItems": 10})
+    )
+    prompt = list(hybrid.prompt) * 3  # repeats, so n-gram drafts are proposed
+    stats = SpecStats()
+    for seed in (None, 9):
+        plain = list(generate(hybrid.model, prompt, _params(seed), StopRule(120), grammar=grammar))
+        spec = list(
+            generate(
+                hybrid.model, prompt, _params(seed), StopRule(120), spec=SpecConfig(), spec_stats=stats, grammar=grammar
+            )
+        )
+        assert [g.token_id for g in spec] == [g.token_id for g in plain]
+        assert "".join(g.text for g in plain).startswith("[")
+    assert stats.drafts > 0

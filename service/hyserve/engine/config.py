@@ -22,6 +22,9 @@ class EngineConfig:
     window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
     max_queued_prompt_tokens: int = 0  # prompt tokens all waiting tasks may hold together (0: no limit)
     check_invariants: bool = False  # test hook: verify I1-I3 after every iteration (doubles the model work)
+    # where grammar masks are computed: "background" (while the forward runs), "inline" (on the
+    # engine thread), "auto" (background when the forward leaves a CPU idle: constraints.mask_mode)
+    constraint_masks: str = "auto"
 
     def __post_init__(self) -> None:
         if self.n_slots < 1:
@@ -34,3 +37,5 @@ class EngineConfig:
             raise ValueError("prompt_chunk must be >= 1")
         if min(self.checkpoint_memory, self.cache_memory, self.checkpoint_interval, self.replay_memory) < 0:
             raise ValueError("checkpoint_memory, cache_memory, checkpoint_interval and replay_memory must be >= 0")
+        if self.constraint_masks not in ("auto", "background", "inline"):
+            raise ValueError("constraint_masks must be auto, background or inline")

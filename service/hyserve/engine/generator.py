@@ -6,12 +6,14 @@ per forward call, until a stop rule (stop.py, shared with the engine) ends it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import hyserve_kernels
 import numpy as np
 
-from hyserve.engine.constraints import CompiledGrammar, TokenMatcher
+from hyserve.engine.constraints import CompiledGrammar, TokenMatcher, background_masks
 from hyserve.engine.drafting import Drafter, NgramDrafter
 from hyserve.engine.sampling import SamplingParams, sample
 from hyserve.engine.speculative import DraftLength, SpecConfig, SpecStats, Verified, keep_accepted, verify
@@ -64,7 +66,8 @@ def generate(
         raise ValueError("empty prompt")
     memory = model.arch.new_memory(n_ctx)
     memory.check_room(len(prompt))
-    matcher = TokenMatcher(grammar) if grammar is not None else None
+    background = background_masks("auto", model.arch.ops.name, hyserve_kernels.num_threads(), os.cpu_count() or 1)
+    matcher = TokenMatcher(grammar, background) if grammar is not None else None
     if matcher is not None:
         matcher.start_mask()  # computed while the prompt is evaluated
     rows = prefill(model, memory, prompt, chunk)[None, :]

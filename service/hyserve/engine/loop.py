@@ -19,9 +19,11 @@ task stops on it, the slot holds prompt + completion[:-1].
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 
+import hyserve_kernels
 import numpy as np
 import structlog
 
@@ -38,7 +40,7 @@ from hyserve.engine.cache_plan import (
 )
 from hyserve.engine.checkpoints import Checkpoint, CheckpointList
 from hyserve.engine.config import EngineConfig
-from hyserve.engine.constraints import ConstraintViolation, TokenMatcher
+from hyserve.engine.constraints import ConstraintViolation, TokenMatcher, background_masks
 from hyserve.engine.guards import InvariantError, require
 from hyserve.engine.invariants import InvariantChecker
 from hyserve.engine.prefix_store import PrefixStore, StoredSequence
@@ -207,7 +209,7 @@ class EngineLoop:
         entry, if any) and create its run."""
         plan = admission.plan
         # first: a grammar that cannot start fails the task before the slot is touched
-        matcher = TokenMatcher(task.grammar) if task.grammar is not None else None
+        matcher = TokenMatcher(task.grammar, self._background_masks()) if task.grammar is not None else None
         if admission.stash:
             self._stash(slot)
         if entry is not None:
@@ -249,6 +251,10 @@ class EngineLoop:
             matcher.start_mask()
         slot.run = run
         return run
+
+    def _background_masks(self) -> bool:
+        cpus = os.cpu_count() or 1
+        return background_masks(self.config.constraint_masks, self.arch.ops.name, hyserve_kernels.num_threads(), cpus)
 
     def _apply_plan(self, slot: Slot, plan: ResumePlan) -> np.ndarray | None:
         """Bring a slot to the plan's resume point (I2: checkpoints and kept inputs past it go).

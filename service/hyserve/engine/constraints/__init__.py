@@ -8,7 +8,7 @@ through llguidance.
 """
 
 from hyserve.engine.constraints.compiler import CompiledGrammar, GrammarCompiler
-from hyserve.engine.constraints.matcher import ConstraintViolation, TokenMatcher, mask_logits
+from hyserve.engine.constraints.matcher import ConstraintViolation, TokenMatcher, background_masks, mask_logits
 from hyserve.engine.constraints.spec import MAX_SOURCE_BYTES, ConstraintError, ConstraintKind, ConstraintSpec
 
 __all__ = [
@@ -20,5 +20,6 @@ __all__ = [
     "ConstraintViolation",
     "GrammarCompiler",
     "TokenMatcher",
+    "background_masks",
     "mask_logits",
 ]
