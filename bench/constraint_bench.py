@@ -3,8 +3,9 @@
 Per model (Gemma 3 270M, 262k tokens; the realistic qwen35, random weights):
 - `vocab_build_s`: building llguidance's view of the vocabulary (once per model, on the first
   constrained request) and `compile_ms`: compiling the bench's JSON Schema (then cached);
-- `mask_ms`: per token of a constrained answer, computing the mask inline (`compute`), and turning
-  it into masked logits (`apply`: a copy with the disallowed tokens at -inf), median and p90;
+- `mask_ms`: per token of a constrained answer, computing the mask inline (`compute`), sampling
+  the allowed tokens (`sample_constrained`) and, for scale, sampling the whole vocabulary
+  (`sample_free`), median and p90;
 - `decode`: through the engine, k = 1 and 8 concurrent rows, all constrained or none, seeded
   sampling, the same number of tokens: milliseconds per decode step seen by each task (generation
   time over tokens after the first), median of the tasks, median of the rounds. `constrained`:
@@ -35,6 +36,7 @@ from hyserve.engine.engine import Engine, EngineConfig
 from hyserve.engine.generator import StopRule, generate
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.task import Event, FailedEvent, FinishedEvent, Task
+from hyserve.engine.token_step import sample_allowed
 from hyserve.logging_setup import configure_logging
 from hyserve.model.loader import LoadedModel, load_model
 
@@ -62,21 +64,26 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def mask_costs(model: LoadedModel, grammar: CompiledGrammar, prompt: list[int], n: int) -> dict[str, dict]:
-    """Inline mask compute and apply times along a real constrained answer."""
+    """Along a real constrained answer, per token: the mask computed inline (`compute`), sampling
+    the allowed tokens (`sample_constrained`, seeded, temperature 0.8) and sampling the whole
+    vocabulary without a grammar (`sample_free`), on the same logits."""
     answer = [g.token_id for g in generate(model, prompt, SamplingParams(), StopRule(max_tokens=n), grammar=grammar)]
     logits = np.random.default_rng(0).normal(size=model.arch.n_vocab).astype(np.float32)
-    matcher = TokenMatcher(grammar)
-    compute, apply = [], []
+    params, rng = SamplingParams(temperature=0.8, seed=0), np.random.default_rng(0)
+    matcher = TokenMatcher(grammar, background=False)
+    times: dict[str, list[float]] = {"compute": [], "sample_constrained": [], "sample_free": []}
     for token in answer:
         t0 = time.perf_counter()
         matcher.allowed()
         t1 = time.perf_counter()
-        matcher.apply(logits)
+        sample_allowed(logits, [], params, rng, matcher)
         t2 = time.perf_counter()
+        sample_allowed(logits, [], params, rng, None)
+        t3 = time.perf_counter()
         matcher.consume(token)
-        compute.append((t1 - t0) * 1e3)
-        apply.append((t2 - t1) * 1e3)
-    return {"compute": percentiles(compute), "apply": percentiles(apply)}
+        for name, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+            times[name].append(dt * 1e3)
+    return {name: percentiles(v) for name, v in times.items()}
 
 
 def decode_ms(engine: Engine, prompt: list[int], k: int, grammar: CompiledGrammar | None, n: int, seed: int) -> float:
@@ -191,7 +198,8 @@ def draw(result: dict, png: Path) -> None:
                     )
         mask = result[name]["mask_ms"]
         ax.set_title(
-            f"{name}: mask {mask['compute']['median']:.2f} ms + apply {mask['apply']['median']:.2f} ms / token",
+            f"{name}: mask {mask['compute']['median']:.2f} ms, sampling {mask['sample_constrained']['median']:.2f} ms"
+            f" (free {mask['sample_free']['median']:.2f} ms) / token",
             fontsize=8,
         )
         ax.set_xticks(x, [f"{k} row{'s' if k != '1' else ''}" for k in ks])

@@ -22,7 +22,8 @@ from hyserve.engine.constraints import (
     GrammarCompiler,
     TokenMatcher,
 )
-from hyserve.engine.constraints.compiler import MAX_SCHEMA_DEPTH, schema_depth
+from hyserve.engine.constraints.compiler import MAX_SCHEMA_DEPTH, schema_depth, with_json_options
+from hyserve.engine.constraints.matcher import background_masks
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.stop import FinishReason, StopDecision
 from hyserve.engine.token_step import grammar_complete, token_logprobs
@@ -314,3 +315,42 @@ def test_logprobs_are_those_of_the_masked_distribution(model: LoadedModel, compi
 )
 def test_a_complete_grammar_ends_on_its_eos(reason: FinishReason | None, eog: bool, stopped: bool, ends: bool) -> None:
     assert grammar_complete(StopDecision("", reason), eog, stopped) is ends
+
+
+def _accepts(compiler: GrammarCompiler, model: LoadedModel, spec: ConstraintSpec, text: str) -> bool:
+    matcher = TokenMatcher(compiler.compile(spec))
+    try:
+        for ch in text:
+            for token in encode(model, ch):
+                matcher.consume(token)
+    except ConstraintViolation:
+        return False
+    return matcher.is_accepting
+
+
+def test_json_is_written_as_json_dumps_writes_it(model: LoadedModel, compiler: GrammarCompiler) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    direct = ConstraintSpec("json_schema", json.dumps(schema))
+    assert _accepts(compiler, model, direct, json.dumps({"a": 1, "b": 2}))
+    assert not _accepts(compiler, model, direct, '{"a":1,"b":2}')
+    assert not _accepts(compiler, model, direct, '{"a": 1,  "b": 2}')
+    # embedded in Lark, a schema gets the same options only through its own "x-guidance"
+    embedded = ConstraintSpec("grammar", f"start: %json {json.dumps(with_json_options(schema))}")
+    assert _accepts(compiler, model, embedded, json.dumps({"a": 1, "b": 2}))
+    assert not _accepts(compiler, model, embedded, '{"a":1,"b":2}')
+    own = with_json_options({**schema, "x-guidance": {"whitespace_flexible": True}})
+    assert own["x-guidance"]["whitespace_flexible"] is True
+
+
+@pytest.mark.parametrize(
+    ("mode", "device", "threads", "cpus", "background"),
+    [
+        ("auto", "cpu", 2, 2, False),  # the kernels use every CPU: a mask thread would slow them
+        ("auto", "cpu", 8, 16, True),
+        ("auto", "gpu", 16, 16, True),  # the forward runs on the device
+        ("background", "cpu", 2, 2, True),
+        ("inline", "gpu", 1, 16, False),
+    ],
+)
+def test_where_masks_are_computed(mode: str, device: str, threads: int, cpus: int, background: bool) -> None:
+    assert background_masks(mode, device, threads, cpus) is background

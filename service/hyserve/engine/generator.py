@@ -15,10 +15,10 @@ import numpy as np
 
 from hyserve.engine.constraints import CompiledGrammar, TokenMatcher, background_masks
 from hyserve.engine.drafting import Drafter, NgramDrafter
-from hyserve.engine.sampling import SamplingParams, sample
+from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.speculative import DraftLength, SpecConfig, SpecStats, Verified, keep_accepted, verify
 from hyserve.engine.stop import StopCheck, StopRule
-from hyserve.engine.token_step import advance_grammar
+from hyserve.engine.token_step import advance_grammar, sample_allowed
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.loader import LoadedModel
 from hyserve.model.memory import SequenceMemory
@@ -85,7 +85,7 @@ def generate(
     while True:
         # rows[i]: the logits after the last sampled token and i drafted ones; sampled in order
         for i, row in enumerate(rows):
-            token = sample(matcher.apply(row) if matcher is not None else row, history, params, rng)
+            token = sample_allowed(row, history, params, rng, matcher)
             if matcher is not None:
                 matcher.consume(token)  # a drafted row is sampled only after its draft was: same state
             history.append(token)

@@ -4,12 +4,12 @@ The engine loop calls `take_token` wherever logits come back for a task (after a
 from a restored checkpoint's prompt-end logits); the loop then either schedules the token for the
 next forward or ends the task with the returned decision.
 
-With a grammar (`Run.matcher`), the tokens it does not allow are set to -inf before sampling:
-penalties, temperature, top-k, top-p and min-p then act on the tokens that remain, unchanged.
-Logprobs are those of the distribution actually sampled from: after penalties and after the
-mask (a disallowed token has none and is never among the top alternatives), before temperature
-and the top-k/top-p/min-p cuts. The mask for the following token is started as soon as the
-sampled token is consumed, so it is computed while the next forward runs.
+With a grammar (`Run.matcher`), only the tokens it allows are sampled: penalties, temperature,
+top-k, top-p and min-p act on them, unchanged (`sample_allowed`). Logprobs are those of the
+distribution actually sampled from: after penalties and the grammar (a disallowed token has
+-inf and is never among the top alternatives), before temperature and the top-k/top-p/min-p
+cuts. The mask for the following token is started as soon as the sampled token is consumed
+(computed while the next forward runs, where the matcher does that).
 """
 
 from __future__ import annotations
@@ -24,16 +24,39 @@ from hyserve.engine.slot import Run
 from hyserve.engine.stop import FinishReason, StopCheck, StopDecision
 from hyserve.engine.task import DeltaEvent, TokenLogprob
 
-__all__ = ["advance_grammar", "grammar_complete", "take_token", "token_logprobs"]
+__all__ = ["advance_grammar", "grammar_complete", "sample_allowed", "take_token", "token_logprobs"]
+
+
+def sample_allowed(
+    logits: np.ndarray,
+    history: list[int],
+    params: SamplingParams,
+    rng: np.random.Generator,
+    matcher: TokenMatcher | None,
+) -> int:
+    """`sample` over the tokens the grammar allows (every token without one). The allowed tokens'
+    penalised logits are sampled as one compact array in id order, the order the sampler's ties
+    follow: logits masked to -inf would send every exp over the vocabulary down numpy's slow
+    underflow path (4-5x slower, about 1.5 ms a row at 262k tokens)."""
+    if matcher is None:
+        return sample(logits, history, params, rng)
+    ids = matcher.allowed_ids(len(logits))
+    return int(ids[sample(apply_penalties(logits, history, params)[ids], (), params, rng)])
 
 
 def token_logprobs(
     logits: np.ndarray, history: list[int], params: SamplingParams, top: int, matcher: TokenMatcher | None
 ) -> tuple[np.ndarray, tuple[tuple[int, float], ...]]:
-    """Log-probabilities after penalties (and the grammar's mask), and the `top` most likely
-    tokens, most likely first (ties by id); never a token the mask removed."""
+    """Log-probabilities after penalties (over the tokens the grammar allows: -inf for the
+    others), and the `top` most likely tokens, most likely first (ties by id); never a token the
+    grammar removed."""
     penalised = apply_penalties(logits, history, params)
-    lp = log_softmax(matcher.apply(penalised) if matcher is not None else penalised)
+    if matcher is None:
+        lp = log_softmax(penalised)
+    else:
+        ids = matcher.allowed_ids(len(penalised))
+        lp = np.full(len(penalised), -np.inf)
+        lp[ids] = log_softmax(penalised[ids])
     k = min(top, int(np.isfinite(lp).sum()) if matcher is not None else len(lp))
     if k <= 0:
         return lp, ()
@@ -67,8 +90,7 @@ def take_token(run: Run, logits: np.ndarray, now: float, is_eog: Callable[[int],
     return it with the stop decision. Raises ConstraintViolation when the grammar cannot go on."""
     task, matcher = run.task, run.matcher
     logprob_entry: tuple[TokenLogprob, ...] = ()
-    masked = matcher.apply(logits) if matcher is not None else logits
-    token = sample(masked, run.history, task.params, run.rng)
+    token = sample_allowed(logits, run.history, task.params, run.rng, matcher)
     if task.logprobs or task.top_logprobs:
         lp, top = token_logprobs(logits, run.history, task.params, task.top_logprobs, matcher)
         logprob_entry = (TokenLogprob(token, float(lp[token]), top),)

@@ -33,7 +33,15 @@ from hyserve.engine.constraints.vocabulary import build_lltokenizer
 if TYPE_CHECKING:
     from hyserve.model.tokenizer import Tokenizer
 
-__all__ = ["JSON_OPTIONS", "MAX_SCHEMA_DEPTH", "CompiledGrammar", "GrammarCompiler", "parser_limits", "schema_depth"]
+__all__ = [
+    "JSON_OPTIONS",
+    "MAX_SCHEMA_DEPTH",
+    "CompiledGrammar",
+    "GrammarCompiler",
+    "parser_limits",
+    "schema_depth",
+    "with_json_options",
+]
 
 # JSON as `json.dumps` writes it: one space after ':' and ','; no other whitespace, so a model
 # cannot pad an answer with whitespace forever. A schema's own "x-guidance" options override these.
@@ -61,6 +69,12 @@ class CompiledGrammar:
     def new_matcher(self) -> llguidance.LLMatcher:
         """A fresh matcher at the start of the grammar (the template itself is never advanced)."""
         return self._template.deep_copy()
+
+
+def with_json_options(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with JSON_OPTIONS as its "x-guidance" defaults (its own options win): for a schema
+    embedded in a Lark grammar with `%json`, which the compiler's defaults do not reach."""
+    return {**schema, "x-guidance": {**JSON_OPTIONS, **schema.get("x-guidance", {})}}
 
 
 def schema_depth(value: Any) -> int:

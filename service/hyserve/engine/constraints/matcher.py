@@ -98,6 +98,12 @@ class TokenMatcher:
             raise ConstraintViolation("the grammar allows no token here")
         return self._allowed
 
+    def allowed_ids(self, n_logits: int) -> np.ndarray:
+        """The ids the grammar allows next, ascending, for a row of `n_logits` logits."""
+        if n_logits != self.n_vocab:
+            raise ConstraintViolation(f"{n_logits} logits for a grammar over {self.n_vocab} tokens")
+        return np.flatnonzero(self.allowed())
+
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """A copy of `logits` with the tokens the grammar does not allow at -inf (the input is
         untouched: stored prompt-end logits stay unmasked)."""
