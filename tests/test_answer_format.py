@@ -110,3 +110,12 @@ def test_what_cannot_be_honoured_names_the_field(
 ) -> None:
     with pytest.raises(AnswerFormatError, match=f"^{field}"):
         answer_format(sampling, request_, "", traits)
+
+
+def test_a_schema_after_the_reasoning_keeps_the_nesting_bound() -> None:
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(100):
+        deep = {"type": "object", "properties": {"x": deep}}
+    sampling = pb.SamplingParams(constraint=pb.Constraint(json_schema=json.dumps(deep)))
+    with pytest.raises(AnswerFormatError, match="^sampling.constraint.json_schema: nested deeper"):
+        answer_format(sampling, chat("auto", tools=None), "<think>\n", QWEN)

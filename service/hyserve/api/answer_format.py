@@ -28,6 +28,7 @@ from hyserve.chat import (
     reasoning_markers,
 )
 from hyserve.engine.constraints import ConstraintSpec
+from hyserve.engine.constraints.compiler import MAX_SCHEMA_DEPTH, schema_depth, with_json_options
 
 __all__ = ["AnswerFormatError", "TemplateTraits", "answer_format", "template_traits"]
 
@@ -73,9 +74,13 @@ def _lark_answer(spec: ConstraintSpec) -> str | None:
             schema = json.loads(spec.source)
         except ValueError as exc:
             raise AnswerFormatError(f"{spec.field}: not valid JSON: {exc}") from exc
-        return f"answer: %json {json.dumps(schema)}\n"
+        if not isinstance(schema, dict):
+            raise AnswerFormatError(f"{spec.field}: a JSON Schema is an object")
+        if schema_depth(schema) > MAX_SCHEMA_DEPTH:  # llguidance's schema compiler recurses
+            raise AnswerFormatError(f"{spec.field}: nested deeper than {MAX_SCHEMA_DEPTH} levels")
+        return f"answer: %json {json.dumps(with_json_options(schema))}\n"
     if spec.kind == "json_object":
-        return 'answer: %json {"type": "object"}\n'
+        return f"answer: %json {json.dumps(with_json_options({'type': 'object'}))}\n"
     if spec.kind == "regex":
         return f"answer: {llguidance.regex_to_lark(spec.source)}\n"
     return None
