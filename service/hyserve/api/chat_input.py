@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hyserve.api.gen import hyserve_pb2 as pb
+from hyserve.engine.constraints.compiler import MAX_SCHEMA_DEPTH, schema_depth
 
 __all__ = ["ChatRequest", "ChatValidationError", "ToolChoiceSpec", "chat_request"]
 
@@ -68,6 +69,8 @@ def _tools(chat: pb.ChatInput) -> list[dict[str, Any]] | None:
             raise ChatValidationError(f"{where}.name: {tool.name!r} is given twice")
         seen.add(tool.name)
         parameters = _json_object(tool.parameters_json, f"{where}.parameters_json", empty_ok=True)
+        if schema_depth(parameters) > MAX_SCHEMA_DEPTH:  # it becomes part of a grammar: the same bound
+            raise ChatValidationError(f"{where}.parameters_json: nested deeper than {MAX_SCHEMA_DEPTH} levels")
         if parameters and parameters.get("type", "object") != "object":
             raise ChatValidationError(f'{where}.parameters_json: must be an object schema ("type": "object")')
         function: dict[str, Any] = {"name": tool.name, "description": tool.description}
