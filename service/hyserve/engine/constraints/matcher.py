@@ -40,8 +40,8 @@ def background_masks(mode: str, device: str, kernel_threads: int, cpus: int) -> 
     """Whether masks are computed while the forward runs (`mode` "auto": when the forward leaves
     a CPU idle, i.e. on a GPU or with fewer kernel threads than CPUs). A mask thread that takes a
     core from the CPU kernels delays every matmul, whose threads wait for each other: on a 2-vCPU
-    VM with 8 constrained rows of the realistic qwen35, +40% per decode step in the background
-    against +10% inline (bench/constraint_bench.py)."""
+    VM, 8 constrained rows of the realistic qwen35 took +36% per decode step with background masks
+    against +8% inline in one interleaved run (bench/constraint_bench.py measures both)."""
     if mode != "auto":
         return mode == "background"
     return device != "cpu" or kernel_threads < cpus
