@@ -11,6 +11,8 @@ exactly the minimum processed (the `Ledger` counts it from tokens, in-process).
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,8 @@ from hyserve.api.validation import prompt_tokens
 from hyserve.chat import parse_chat_output
 from hyserve.model.backend.select import DeviceRequest
 from hyserve.model.loader import LoadedModel, load_model
-from hyserve_client import Delta, Finished, FinishReason, HyserveClient, HyserveError
+from hyserve_client import Delta, Finished, FinishReason, HyserveClient, HyserveError, build_generate_request
+from hyserve_client._gen import hyserve_pb2_grpc as pb_grpc
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -281,3 +284,28 @@ def test_reasoning_is_split_out_streamed_and_not(served: Served) -> None:
             for key in streamed:
                 streamed[key] += getattr(choice.delta, key, None) or ""
     assert streamed == {"reasoning_content": expected.reasoning, "content": expected.content}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_json_nested_past_the_decoders_stack_is_a_400(served: Served, path: str) -> None:
+    deep = "[" * 200_000 + "]" * 200_000
+    request = urllib.request.Request(
+        served.base + path, data=f'{{"messages": {deep}}}'.encode(), headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=60)
+    assert info.value.code == 400
+
+
+def test_a_schema_nested_past_the_decoders_stack_is_invalid_argument(served: Served) -> None:
+    deep = '{"type": "array", "items": ' * 3_000 + "{}" + "}" * 3_000
+    as_constraint = build_generate_request("x", max_tokens=2, json_schema=deep)
+    as_tool = build_generate_request(messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    as_tool.chat.tools.add(name="f", parameters_json=deep)
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = pb_grpc.HyserveServiceStub(channel)
+        for request, field in ((as_constraint, "sampling.constraint.json_schema"), (as_tool, "chat.tools[0]")):
+            with pytest.raises(grpc.RpcError) as info:
+                list(stub.Generate(request, timeout=60))
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details().startswith(field), info.value.details()

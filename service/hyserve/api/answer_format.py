@@ -72,8 +72,8 @@ def _lark_answer(spec: ConstraintSpec) -> str | None:
     if spec.kind == "json_schema":
         try:
             schema = json.loads(spec.source)
-        except ValueError as exc:
-            raise AnswerFormatError(f"{spec.field}: not valid JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:  # nesting past the decoder's stack: refused too
+            raise AnswerFormatError(f"{spec.field}: not valid JSON: {type(exc).__name__}: {exc}") from exc
         if not isinstance(schema, dict):
             raise AnswerFormatError(f"{spec.field}: a JSON Schema is an object")
         if schema_depth(schema) > MAX_SCHEMA_DEPTH:  # llguidance's schema compiler recurses

@@ -47,7 +47,7 @@ def _json_object(text: str, where: str, *, empty_ok: bool) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # nesting past the decoder's stack: refused too
         raise ChatValidationError(f"{where}: not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise ChatValidationError(f"{where}: must be a JSON object")

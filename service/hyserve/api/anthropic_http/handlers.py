@@ -77,7 +77,7 @@ async def _json_body(request: web.Request, limit: int) -> Any:
         chunks.append(chunk)
     try:
         return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise AnthropicError(f"the request body is not valid JSON: {exc}") from exc
 
 

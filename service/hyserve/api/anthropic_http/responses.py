@@ -87,7 +87,7 @@ def sse(name: str, data: dict[str, Any]) -> bytes:
 def _input(arguments_json: str) -> dict[str, Any]:
     try:
         value = json.loads(arguments_json) if arguments_json.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -179,7 +179,7 @@ class OpenAIFront:
     ) -> tuple[OpenAIRequest, PreparedRequest]:
         try:
             body = json.loads(await _read_body(request, receive_limit_bytes(runtime.limits.prompt_bytes)))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise OpenAIError(f"the request body is not valid JSON: {exc}") from exc
         task_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         parsed = parse_chat(body, task_id) if kind == "chat" else parse_completion(body, task_id)

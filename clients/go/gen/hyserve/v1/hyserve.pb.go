@@ -493,8 +493,9 @@ type GenerateRequest struct {
 	// Return the log-probability of every sampled token in Delta.logprobs.
 	Logprobs bool `protobuf:"varint,7,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
 	// Also return this many most likely alternatives per position (0-20). Values above 0 imply
-	// logprobs = true. Probabilities are those of the model's distribution after penalties and
-	// before temperature, top-k, top-p and min-p.
+	// logprobs = true. Probabilities are those of the model's distribution after penalties (and,
+	// with SamplingParams.constraint, over the tokens the constraint allows) and before
+	// temperature, top-k, top-p and min-p.
 	TopLogprobs uint32 `protobuf:"varint,8,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	// Prompt-cache behaviour for this request. Unset: all defaults (reuse and keep the cache).
 	Cache         *CacheOptions `protobuf:"bytes,9,opt,name=cache,proto3" json:"cache,omitempty"`

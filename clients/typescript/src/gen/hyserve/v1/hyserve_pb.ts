@@ -93,8 +93,9 @@ export type GenerateRequest = Message<"hyserve.v1.GenerateRequest"> & {
 
   /**
    * Also return this many most likely alternatives per position (0-20). Values above 0 imply
-   * logprobs = true. Probabilities are those of the model's distribution after penalties and
-   * before temperature, top-k, top-p and min-p.
+   * logprobs = true. Probabilities are those of the model's distribution after penalties (and,
+   * with SamplingParams.constraint, over the tokens the constraint allows) and before
+   * temperature, top-k, top-p and min-p.
    *
    * @generated from field: uint32 top_logprobs = 8;
    */
