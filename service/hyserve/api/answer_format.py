@@ -30,7 +30,7 @@ from hyserve.chat import (
 from hyserve.engine.constraints import ConstraintSpec
 from hyserve.engine.constraints.compiler import MAX_SCHEMA_DEPTH, schema_depth, with_json_options
 
-__all__ = ["AnswerFormatError", "TemplateTraits", "answer_format", "template_traits"]
+__all__ = ["NO_TRAITS", "AnswerFormatError", "TemplateTraits", "answer_format", "template_traits"]
 
 _FIELD = "sampling.constraint"
 
@@ -43,6 +43,9 @@ class AnswerFormatError(ValueError):
 class TemplateTraits:
     tool_format: ToolCallFormat | None
     reasoning_markers: tuple[str, str] | None
+
+
+NO_TRAITS = TemplateTraits(None, None)  # text and token input: no template is involved
 
 
 @lru_cache(maxsize=8)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from google.protobuf import json_format
 
-from hyserve.api.answer_format import AnswerFormatError, answer_format, template_traits
+from hyserve.api.answer_format import NO_TRAITS, AnswerFormatError, answer_format, template_traits
 from hyserve.api.chat_input import ChatRequest, ChatValidationError, chat_request
 from hyserve.api.chat_output import OutputSpec
 from hyserve.api.gen import hyserve_pb2 as pb
@@ -308,7 +308,8 @@ def prepare_generate(
     stop = stop_rule(request.stopping, request.HasField("stopping"), tokenizer.vocab_size, len(prompt), limits)
     cache_prompt = request.cache.cache_prompt if request.cache.HasField("cache_prompt") else True
     try:
-        spec, output = answer_format(request.sampling, built.chat, built.text, template_traits(template.source))
+        traits = template_traits(template.source) if built.chat is not None else NO_TRAITS
+        spec, output = answer_format(request.sampling, built.chat, built.text, traits)
         if spec is not None and grammars is None:
             raise ValidationError(f"{spec.field}: constrained decoding is not available here")
         grammar = grammars.compile(spec) if spec is not None and grammars is not None else None
