@@ -1,7 +1,8 @@
 """The fast-numerics dense matmul (rust_kernels/src/gpu/shaders/matmul_fast.wgsl) in every weight
 format: a row's bits are the same whatever the batch or chunk it is computed in and run after run,
 with 16 threads per weight row (GPUs) or one (software adapters); close to the CPU kernels; and no
-more passes than the exact path (none to quantize F32 weights' activations)."""
+more passes than the exact path (none to quantize F32 weights' activations; the Q8 activations by
+a workgroup per 256 values, quantize_fast.wgsl)."""
 
 from __future__ import annotations
 
@@ -98,5 +99,7 @@ def test_fast_matmul_records_no_more_passes_than_exact(t: T) -> None:
     assert exact == {"quantize_act": 1, "matmul": 1}, exact
     if t == T.F32:
         assert fast == {"matmul_fast": 1}, fast  # f32 activations are read as they are
+    elif t in (T.F16, T.BF16):
+        assert fast == {"quantize_act": 1, "matmul_fast": 1}, fast  # rounded to f16 / bf16
     else:
-        assert fast == {"quantize_act": 1, "matmul_fast": 1}, fast
+        assert fast == {"quantize_act_fast": 1, "matmul_fast": 1}, fast  # Q8_0, Q8_1, Q8_K

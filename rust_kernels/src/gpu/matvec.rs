@@ -5,7 +5,8 @@
 //! over consecutive sub-blocks, the step's activations in workgroup memory, a fixed tree join. Each
 //! output's order of operations depends on its row alone, so a row's bits never depend on the
 //! batch, the chunking of a prompt or the adapter's thread layout (`Gpu::lanes`). F32 weights take
-//! the activations as they are (act kind 0 is a plain copy), without a quantization pass.
+//! the activations as they are (act kind 0 is a plain copy), without a quantization pass; the
+//! Q8 kinds are quantized by `quantize_fast.wgsl`, a workgroup per 256 values of a row.
 //! Mixture-of-experts tensors stay on `matmul.wgsl` in both modes (`moe.rs`).
 
 use bytemuck::bytes_of;
@@ -32,6 +33,23 @@ static MATMUL_FAST: Kernel = Kernel {
         (4, Read),
         (5, ReadWrite),
         (6, Uniform),
+    ],
+};
+
+static QUANTIZE_FAST: Kernel = Kernel {
+    name: "quantize_act_fast",
+    sources: &[
+        include_str!("shaders/math.wgsl"),
+        include_str!("shaders/quantize_fast.wgsl"),
+    ],
+    entry: "main",
+    bindings: &[
+        (0, Read),
+        (1, ReadWrite),
+        (2, ReadWrite),
+        (3, ReadWrite),
+        (4, ReadWrite),
+        (5, Uniform),
     ],
 };
 
@@ -73,6 +91,8 @@ pub fn matmul_many(
             None => {
                 let a = if fast && kind == 0 && cols.is_multiple_of(32) {
                     Acts::Raw(x)
+                } else if fast && kind >= 3 {
+                    Acts::Quantized(Box::new(quantize_fast(gpu, x, n, cols, kind)))
                 } else {
                     Acts::Quantized(Box::new(ops::quantize_act(gpu, x, n, cols, kind)))
                 };
@@ -91,6 +111,31 @@ pub fn matmul_many(
         });
     }
     out
+}
+
+/// Fast numerics: `x` (n × cols) quantized for act kind 3, 4 or 5 (Q8_0, Q8_1, Q8_K) by
+/// quantize_fast.wgsl, a workgroup per 256 values of a row, in quantize_act's layout.
+fn quantize_fast(gpu: &Gpu, x: &GpuBuffer, n: usize, cols: usize, kind: u32) -> QuantizedAct {
+    let n_sub = cols.div_ceil(32);
+    let (gx, gy) = groups_wrapped(n * n_sub.div_ceil(8));
+    let q = QuantizedAct {
+        kind,
+        n,
+        cols,
+        xq: gpu.alloc((n * n_sub * 32 * 4) as u64),
+        xd: gpu.alloc((n * n_sub * 4) as u64),
+        xs: gpu.alloc((n * n_sub * 4) as u64),
+        xh: gpu.alloc((n * n_sub * 4) as u64),
+    };
+    let p = [n as u32, cols as u32, n_sub as u32, gx];
+    gpu.dispatch(
+        &QUANTIZE_FAST,
+        &[("ACT", kind)],
+        &[x.raw(), q.xq.raw(), q.xd.raw(), q.xs.raw(), q.xh.raw()],
+        bytes_of(&p),
+        [gx, gy, 1],
+    );
+    q
 }
 
 /// Fast numerics: the activations (quants, scales and sums per sub-block, as quantize_act writes
