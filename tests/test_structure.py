@@ -160,3 +160,10 @@ def test_bench_imports_the_test_helpers_as_an_installed_package() -> None:
         files = [module] if module.name != "__init__.py" else list(module.parent.glob("*.py"))
         needed |= set().union(*(_tests_modules_imported_by(f) for f in files))
     assert sorted(needed - declared) == []
+
+
+def test_chat_parsing_imports_nothing_of_ours_outside_it() -> None:
+    """hyserve.chat is pure text parsing: no model, engine, API or kernel behind it."""
+    loaded = loaded_after_import("hyserve.chat")
+    ours = [m for m in loaded if m.startswith(("hyserve.", "hyserve_kernels")) and not m.startswith("hyserve.chat")]
+    assert ours == []
