@@ -104,7 +104,7 @@ def cli_page() -> str:
 
 
 def metrics_page() -> str:
-    from hyserve.api.metrics import ROUTER_GAUGES, ReplicaIdentity, StatsCollector
+    from hyserve.api.metrics import ROUTER_GAUGES, SPEC_COUNTERS, ReplicaIdentity, StatsCollector
     from hyserve.engine.engine import EngineStats, SlotState
     from hyserve.engine.stats import EngineCounters, SlotSnapshot
 
@@ -116,7 +116,7 @@ def metrics_page() -> str:
     for family in collector.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         labels = ", ".join(f"`{k}`" for k in family.samples[0].labels) if family.samples else ""
-        same = ROUTER_GAUGES.get(family.name)
+        same = ROUTER_GAUGES.get(family.name) or SPEC_COUNTERS.get(family.name)
         rows.append(
             f"| `{name}` | {family.type} | {labels} | {_cell(family.documentation)} | {f'`{same}`' if same else ''} |"
         )

@@ -11,6 +11,7 @@ from pathlib import Path
 from hyserve.device_flags import add_device_arguments, device_request
 from hyserve.logging_setup import configure_logging
 from hyserve.operator_errors import OperatorError, model_path_error, run_flag_error, run_reporting
+from hyserve.spec_flags import add_spec_arguments, spec_config
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -24,7 +25,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _generate(args: argparse.Namespace) -> int:
     import hyserve_kernels
 
-    from hyserve.engine.generator import SpecConfig, SpecStats, StopRule, generate
+    from hyserve.engine.generator import SpecStats, StopRule, generate
     from hyserve.engine.sampling import SamplingParams
     from hyserve.model.loader import load_model
 
@@ -44,7 +45,8 @@ def _generate(args: argparse.Namespace) -> int:
     n, reason = 0, None
     if not args.chat:
         sys.stdout.write(args.prompt)
-    spec = SpecConfig(max_draft=args.spec_max_draft) if args.spec == "ngram" else None
+    config = spec_config(args)
+    spec = config if config.method != "off" else None
     stats = SpecStats()
     for item in generate(model, prompt, params, stop, n_ctx=args.ctx_size, spec=spec, spec_stats=stats):
         sys.stdout.write(item.text)
@@ -100,14 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--chat", action="store_true", help="treat the prompt as a user message and apply the chat template"
     )
-    gen.add_argument(
-        "--spec",
-        choices=("ngram", "off"),
-        default="off",
-        help="speculative decoding: ngram drafts tokens by prompt lookup, verified several per forward "
-        "(the same tokens as without)",
-    )
-    gen.add_argument("--spec-max-draft", type=int, default=8, help="tokens per draft at most (adaptive below it)")
+    add_spec_arguments(gen)
     gen.set_defaults(func=_generate)
 
     from hyserve.api.server import add_serve_subcommand

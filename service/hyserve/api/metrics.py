@@ -24,7 +24,14 @@ from hyserve.engine.engine import EngineStats, SlotState
 if TYPE_CHECKING:
     from hyserve.api.security import Security
 
-__all__ = ["ROUTER_GAUGES", "ReplicaIdentity", "StatsCollector", "prompt_cache_hit_ratio", "serve_metrics"]
+__all__ = [
+    "ROUTER_GAUGES",
+    "SPEC_COUNTERS",
+    "ReplicaIdentity",
+    "StatsCollector",
+    "prompt_cache_hit_ratio",
+    "serve_metrics",
+]
 
 PREFIX = "hyserve"
 # name -> the vLLM metric with the same semantics (what a router's flags point at)
@@ -33,6 +40,12 @@ ROUTER_GAUGES = {
     f"{PREFIX}_num_requests_running": "vllm:num_requests_running",
     f"{PREFIX}_kv_cache_usage_perc": "vllm:kv_cache_usage_perc",
     f"{PREFIX}_prompt_cache_hit_ratio": "sglang:cache_hit_rate",
+}
+# speculative decoding's counters -> vLLM's counters of the same meaning
+SPEC_COUNTERS = {
+    f"{PREFIX}_spec_decode_num_drafts": "vllm:spec_decode_num_drafts",
+    f"{PREFIX}_spec_decode_num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    f"{PREFIX}_spec_decode_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 
 
@@ -131,6 +144,14 @@ class StatsCollector(Collector):
         yield counter("cache_replayed_tokens", "Positions reached by replays (no forward pass).", c.replayed_tokens)
         yield counter(
             "input_blocks_evicted", "Blocks of kept per-token inputs dropped for the budget.", c.input_blocks_evicted
+        )
+        # speculative decoding (--spec), as vLLM's spec_decode counters
+        yield counter("spec_decode_num_drafts", "Drafts verified (one multi-token row each).", c.spec_drafts)
+        yield counter("spec_decode_num_draft_tokens", "Tokens drafted.", c.spec_draft_tokens)
+        yield counter(
+            "spec_decode_num_accepted_tokens",
+            "Drafted tokens accepted: the model sampled them.",
+            c.spec_accepted_tokens,
         )
         # only with --check-invariants (a test hook): both stay 0 otherwise
         yield counter("invariant_checks", "Slot/entry checks of the cache invariants I1-I3.", c.invariant_checks)

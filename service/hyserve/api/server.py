@@ -53,6 +53,7 @@ from hyserve.api.validation import RequestLimits
 from hyserve.device_flags import add_device_arguments, device_request
 from hyserve.model.backend.select import DeviceRequest
 from hyserve.operator_errors import OperatorError, is_operator_error, model_path_error
+from hyserve.spec_flags import add_spec_arguments
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +117,8 @@ class ServeConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     debug: bool = False  # tracebacks for operator errors
     check_invariants: bool = False  # test hook (tests/soak)
+    spec: str = "off"  # speculative decoding for every request (--spec)
+    spec_max_draft: int = 8
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -146,6 +149,8 @@ class ServeConfig:
             security=SecurityConfig.from_args(args),
             debug=getattr(args, "debug", False),
             check_invariants=args.check_invariants,
+            spec=args.spec,
+            spec_max_draft=args.spec_max_draft,
         )
 
 
@@ -195,6 +200,7 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="test hook: verify the cache invariants after every engine step (slow; counts in /metrics)",
     )
+    add_spec_arguments(p)
     add_device_arguments(p)
     add_limit_arguments(p)
     add_security_arguments(p)
@@ -207,7 +213,7 @@ def run_serve(args: argparse.Namespace) -> int:
     problem = model_path_error(config.model)
     if problem is not None:  # before listening: a wrong path is not worth a health-checked start
         raise OperatorError(problem)
-    for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk"):
+    for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk", "spec_max_draft"):
         if getattr(config, name) < 1:
             raise SystemExit(f"hyserve serve: --{name.replace('_', '-')} must be >= 1")
     for name in ("queue_size", "checkpoint_memory_mib", "checkpoint_interval", "cache_memory_mib", "replay_memory_mib"):
@@ -263,6 +269,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
     import hyserve_kernels
 
     from hyserve.engine.engine import Engine, EngineConfig
+    from hyserve.engine.speculative import SpecConfig
     from hyserve.model.architectures.base import Logits, Segment
     from hyserve.model.loader import load_model
 
@@ -291,6 +298,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
             window_ring=config.swa_cache == "ring",
             max_queued_prompt_tokens=config.queued_prompt_tokens,
             check_invariants=config.check_invariants,
+            spec=SpecConfig(method=config.spec, max_draft=config.spec_max_draft),
         ),
     )
     engine.start()

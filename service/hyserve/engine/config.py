@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from hyserve.engine.speculative import SpecConfig
 
 __all__ = ["EngineConfig"]
 
@@ -25,6 +27,8 @@ class EngineConfig:
     # where grammar masks are computed: "background" (while the forward runs), "inline" (on the
     # engine thread), "auto" (background when the forward leaves a CPU idle: constraints.mask_mode)
     constraint_masks: str = "auto"
+    # speculative decoding of every unconstrained task (method "off": plain decoding only)
+    spec: SpecConfig = field(default_factory=lambda: SpecConfig(method="off"))
 
     def __post_init__(self) -> None:
         if self.n_slots < 1:

@@ -47,8 +47,9 @@ from hyserve.engine.prefix_store import PrefixStore, StoredSequence
 from hyserve.engine.scheduler import SlotWork, compose_batch
 from hyserve.engine.shared import Shared
 from hyserve.engine.slot import Run, Slot
+from hyserve.engine.spec_step import SpecStep
 from hyserve.engine.stats import StoreSnapshot, memory_usage, slot_snapshots
-from hyserve.engine.stop import StopCheck
+from hyserve.engine.stop import StopCheck, StopDecision
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -80,6 +81,7 @@ class EngineLoop:
         self.store = PrefixStore(config.cache_memory)
         self._admissions = 0
         self._checker = InvariantChecker(arch, config.n_ctx) if config.check_invariants else None
+        self._spec = SpecStep(arch, config, shared, tokenizer.is_eog, self._after_token, self._sampling_error)
         shared.snapshot = slot_snapshots(self.slots)
         shared.store_snapshot = StoreSnapshot(0, 0, self.store.budget)
 
@@ -351,16 +353,20 @@ class EngineLoop:
             run = slot.run
             if run is None:
                 raise InvariantError(f"slot {slot.index}: batched without a run")
+            keep = self.config.replay_memory > 0 and slot.kind.needs_checkpoints and run.task.cache_prompt
             if item.decode:
                 if run.next_token is None:
                     raise InvariantError(f"slot {slot.index}: batched to decode without a sampled token")
+                verifying = self._spec.segment(slot, run, keep)  # its token and a draft (spec_step.py)
+                if verifying is not None:
+                    segments.append(verifying)
+                    continue
                 tokens = np.array([run.next_token], dtype=np.int32)
                 want = Logits.LAST
             else:
                 end = run.pos + item.n_tokens
                 tokens = np.asarray(run.prompt[run.pos : end], dtype=np.int32)
                 want = Logits.LAST if end == len(run.prompt) else Logits.NONE
-            keep = self.config.replay_memory > 0 and slot.kind.needs_checkpoints and run.task.cache_prompt
             segments.append(Segment(slot.memory, tokens, want, {} if keep else None))
         # Only a batch of one task may stop mid-forward: other tasks' rows must go on untouched.
         only = self.slots[items[0].index].run if len(items) == 1 else None
@@ -384,6 +390,9 @@ class EngineLoop:
             run = slot.run
             if run is None:
                 raise InvariantError(f"slot {slot.index}: its run ended during the forward")
+            if item.decode and self._spec.verifying(run):  # keeps the accepted part alone
+                self._spec.verified(slot, run, segment, logits, now)
+                continue
             if segment.inputs is not None:
                 slot.log.record(slot.memory.n_tokens - len(segment.tokens), segment.inputs, run.seq)
             slot.commit(segment.tokens.tolist())
@@ -405,16 +414,20 @@ class EngineLoop:
 
     def _sample_or_fail(self, run: Run, logits: np.ndarray, now: float) -> None:
         try:
-            self._on_logits(run, logits, now)
-        except ConstraintViolation as exc:  # the grammar cannot go on (or is over its limits)
+            token, decision = take_token(run, logits, now, self.tokenizer.is_eog)
+            self._after_token(run, token, decision)
+        except Exception as exc:
+            self._sampling_error(run, exc)
+
+    def _sampling_error(self, run: Run, exc: Exception) -> None:
+        if isinstance(exc, ConstraintViolation):  # the grammar cannot go on (or is over its limits)
             run.task.log.warning("constraint_failed", error=str(exc))
             self._fail(run, f"constrained decoding failed: {exc}")
-        except Exception as exc:  # sampling/decoding bug for this task: fail it alone
-            run.task.log.exception("sampling_failed")
+        else:  # sampling/decoding bug for this task: fail it alone
+            run.task.log.error("sampling_failed", exc_info=exc)
             self._fail(run, f"sampling failed: {type(exc).__name__}: {exc}")
 
-    def _on_logits(self, run: Run, logits: np.ndarray, now: float) -> None:
-        token, decision = take_token(run, logits, now, self.tokenizer.is_eog)
+    def _after_token(self, run: Run, token: int, decision: StopDecision) -> None:
         if decision.reason is None:
             run.next_token = token
         else:

@@ -27,6 +27,7 @@ from hyserve.model.memory import SequenceMemory
 
 if TYPE_CHECKING:
     from hyserve.engine.constraints import TokenMatcher
+    from hyserve.engine.spec_step import SpecRun
 
 __all__ = ["Run", "Slot", "memory_kind"]
 
@@ -126,6 +127,7 @@ class Run:
     schedule: deque[tuple[int, CheckpointKind]] = field(default_factory=deque)  # checkpoints still to take
     first_logits: np.ndarray | None = None  # a restored checkpoint's logits: sample before any forward
     matcher: TokenMatcher | None = None  # the task's grammar position, when its output is constrained
+    spec: SpecRun | None = None  # the task's drafter and pending verification (speculative decoding)
     processed: int = 0  # prompt tokens evaluated for this task
     prompt_done_at: float | None = None
     first_token_at: float | None = None
@@ -145,7 +147,8 @@ class Run:
         return end - self.pos
 
     def usage(self) -> Usage:
-        return Usage(len(self.prompt), self.plan.resume, self.processed, len(self.generated))
+        drafted, accepted = (self.spec.drafted, self.spec.accepted) if self.spec is not None else (0, 0)
+        return Usage(len(self.prompt), self.plan.resume, self.processed, len(self.generated), drafted, accepted)
 
     def timings(self, now: float) -> Timings:
         received = self.task.received_at

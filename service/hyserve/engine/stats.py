@@ -67,6 +67,9 @@ class EngineCounters:
     replays: int = 0  # resumes that replayed kept inputs
     replayed_tokens: int = 0  # positions advanced by those replays (no forward pass)
     input_blocks_evicted: int = 0  # blocks of kept inputs dropped for the byte budget
+    spec_drafts: int = 0  # verifying rows run (speculative decoding)
+    spec_draft_tokens: int = 0  # tokens drafted in them
+    spec_accepted_tokens: int = 0  # drafted tokens emitted (the model's own sample agreed)
     invariant_checks: int = 0  # slot/entry checks of I1-I3 (EngineConfig.check_invariants)
     invariant_violations: int = 0
 

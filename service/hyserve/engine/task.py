@@ -90,6 +90,8 @@ class Usage:
     cached_prompt_tokens: int = 0
     processed_prompt_tokens: int = 0
     completion_tokens: int = 0
+    draft_tokens: int = 0  # tokens speculative decoding drafted for this task
+    accepted_draft_tokens: int = 0  # drafted tokens the model's own sampling agreed with (emitted)
 
 
 @dataclass(frozen=True)
