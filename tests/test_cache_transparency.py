@@ -277,6 +277,11 @@ def same_states(a: Snapshot, b: Snapshot) -> bool:
 
 def check_memory_invariants(rig: Rig) -> None:
     engine = rig.engine
+    # every task has ended; wait for the engine thread to finish the iteration that ended the last
+    # one (its commits and evictions), so the slots and the store are read at rest
+    deadline = time.monotonic() + 60  # a hang guard only
+    while not engine.idle() and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert engine.idle(), f"every task has ended: {engine.live_tasks()}"
     for slot in engine.slots:
         assert slot.run is None and len(slot.tokens) == slot.memory.n_tokens  # I1 bookkeeping

@@ -67,7 +67,7 @@ def test_a_consumer_that_stops_reading_is_cancelled_and_one_that_reads_is_not() 
     try:
         asyncio.run(_scenario(engine))
         for _ in range(500):  # the slot snapshot is published after the engine's iteration
-            if not any(s.task_id for s in engine.stats().slots):
+            if engine.idle() and not any(s.task_id for s in engine.stats().slots):
                 break
             time.sleep(0.01)
         assert engine.idle() and not any(s.task_id for s in engine.stats().slots)

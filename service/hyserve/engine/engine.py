@@ -170,8 +170,9 @@ class Engine:
             return not self._shared.closed
 
     def idle(self) -> bool:
+        """No task is queued or running and the engine thread has finished its last iteration."""
         with self._shared.lock:
-            return not self._shared.live
+            return not self._shared.live and self._shared.parked
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Cancel everything still queued or running and stop the thread."""

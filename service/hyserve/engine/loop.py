@@ -97,7 +97,9 @@ class EngineLoop:
         while True:
             with self.shared.lock:
                 while not self.shared.stopping and not len(self.shared.queue) and not self._busy():
+                    self.shared.parked = True
                     self.shared.wake.wait()
+                self.shared.parked = False
                 if self.shared.stopping:
                     break
             try:

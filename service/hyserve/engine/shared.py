@@ -28,6 +28,9 @@ class Shared:
         self.ended: OrderedDict[str, float] = OrderedDict()
         self.closed = False
         self.stopping = False
+        # the engine thread waits for work (set under the lock as it parks): nothing of its
+        # last iteration (commits, evictions, publishing) is still running
+        self.parked = True
         self.counters = EngineCounters()
         self.snapshot: tuple[SlotSnapshot, ...] = ()
         self.store_snapshot = StoreSnapshot()
