@@ -11,8 +11,9 @@ from aiohttp import web
 
 from hyserve.api.auth import TokenStore, bearer_token
 from hyserve.api.metrics_http import WsgiApp
+from hyserve.api.ownership import Caller, Identity
 
-__all__ = ["API_KEY_HEADER", "aiohttp_auth_middleware", "http_token", "wsgi_auth"]
+__all__ = ["API_KEY_HEADER", "aiohttp_auth_middleware", "http_caller", "http_token", "wsgi_auth"]
 
 API_KEY_HEADER = "x-api-key"
 _MESSAGES_PATH = "/v1/messages"
@@ -30,6 +31,12 @@ def http_token(headers: Mapping[str, str]) -> str | None:
     if token is None:
         token = (headers.get(API_KEY_HEADER) or "").strip() or None
     return token
+
+
+def http_caller(identity: Identity, request: web.Request) -> Caller:
+    """Who sent an HTTP request: its token, its client certificate's name, or its address."""
+    peercert = request.transport.get_extra_info("peercert") if request.transport else None
+    return identity.of_http(http_token(request.headers), peercert, request.remote)
 
 
 def _denied_body(path: str) -> dict[str, Any]:

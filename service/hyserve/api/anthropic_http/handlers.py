@@ -30,7 +30,7 @@ from hyserve.api.anthropic_http.responses import (
     usage_json,
 )
 from hyserve.api.chat_output import ChatOutput, OutputSpec, ParsedCall
-from hyserve.api.http_auth import http_token
+from hyserve.api.http_auth import http_caller
 from hyserve.api.limits import receive_limit_bytes
 from hyserve.api.openai_http.errors import OpenAIError
 from hyserve.api.prepare_pool import run_prepare
@@ -116,11 +116,7 @@ class AnthropicFront:
         runtime = self.front._ready()
         parsed, prepared = await self._prepare(request, runtime)
         run = TaskRun(runtime.engine, prepared, request.headers.get(SESSION_HEADER, ""))
-        caller = self.front.security.identity.of_http(
-            http_token(request.headers),
-            request.transport.get_extra_info("peercert") if request.transport else None,
-            request.remote,
-        )
+        caller = http_caller(self.front.security.identity, request)
         try:
             run.submit()
         except QueueFullError as exc:

@@ -9,12 +9,12 @@ template, e.g. {"preserve_thinking": true}); `thinking` sets its `enable_thinkin
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import struct_pb2
 
+from hyserve.api import body_fields
 from hyserve.api.anthropic_http import messages, tools
 from hyserve.api.anthropic_http.errors import AnthropicError
 from hyserve.api.gen import hyserve_pb2 as pb
@@ -30,27 +30,16 @@ class MessagesRequest:
     stream: bool
 
 
+def _error(message: str, field: str) -> AnthropicError:
+    return AnthropicError(message)
+
+
 def _number(body: dict[str, Any], name: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise AnthropicError(f"{name}: must be a number")
-    if value < lo or value > hi or (lo_open and value == lo):
-        bracket = "(" if lo_open else "["
-        raise AnthropicError(f"{name}: must be in {bracket}{lo:g}, {hi:g}] (got {value:g})")
-    return float(value)
+    return body_fields.number(body, name, lo, hi, _error, lo_open=lo_open)
 
 
 def _integer(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise AnthropicError(f"{name}: must be an integer")
-    if not lo <= value <= hi:
-        raise AnthropicError(f"{name}: must be >= {lo} and <= {hi} (got {value})")
-    return value
+    return body_fields.integer(body, name, lo, hi, _error)
 
 
 def _sampling(body: dict[str, Any]) -> pb.SamplingParams:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from hyserve.api.anthropic_http.handlers import AnthropicFront
 from hyserve.api.chat_output import ChatOutput, ParsedCall
-from hyserve.api.http_auth import aiohttp_auth_middleware, http_token
+from hyserve.api.http_auth import aiohttp_auth_middleware, http_caller
 from hyserve.api.limits import receive_limit_bytes
 from hyserve.api.openai_http.requests import OpenAIError, OpenAIRequest, parse_chat, parse_completion, validation_param
 from hyserve.api.openai_http.responses import (
@@ -197,11 +197,7 @@ class OpenAIFront:
         runtime = self._ready()
         parsed, prepared = await self._prepare(request, kind, runtime)
         run = TaskRun(runtime.engine, prepared, request.headers.get(SESSION_HEADER, ""))
-        caller = self.security.identity.of_http(
-            http_token(request.headers),
-            request.transport.get_extra_info("peercert") if request.transport else None,
-            request.remote,
-        )
+        caller = http_caller(self.security.identity, request)
         try:
             run.submit()
         except QueueFullError as exc:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from google.protobuf import struct_pb2
 
+from hyserve.api import body_fields
 from hyserve.api.gen import hyserve_pb2 as pb
 from hyserve.api.openai_http import chat_tools
 from hyserve.api.openai_http.errors import OpenAIError
@@ -39,41 +40,20 @@ class OpenAIRequest:
     top_logprobs: int
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _error(message: str, field: str) -> OpenAIError:
+    return OpenAIError(message, field)
 
 
 def _number(body: dict[str, Any], name: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_number(value) or not math.isfinite(value):
-        raise OpenAIError(f"{name}: must be a number", name)
-    if value < lo or value > hi or (lo_open and value == lo):
-        bracket = "(" if lo_open else "["
-        raise OpenAIError(f"{name}: must be in {bracket}{lo:g}, {hi:g}] (got {value:g})", name)
-    return float(value)
+    return body_fields.number(body, name, lo, hi, _error, lo_open=lo_open)
 
 
 def _integer(body: dict[str, Any], name: str, lo: int, hi: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise OpenAIError(f"{name}: must be an integer", name)
-    if value < lo or (hi is not None and value > hi):
-        upper = f" and <= {hi}" if hi is not None else ""
-        raise OpenAIError(f"{name}: must be >= {lo}{upper} (got {value})", name)
-    return value
+    return body_fields.integer(body, name, lo, hi, _error)
 
 
 def _boolean(body: dict[str, Any], name: str) -> bool | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise OpenAIError(f"{name}: must be a boolean", name)
-    return value
+    return body_fields.boolean(body, name, _error)
 
 
 def _sampling(body: dict[str, Any]) -> pb.SamplingParams:
