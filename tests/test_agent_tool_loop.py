@@ -309,3 +309,22 @@ def test_a_schema_nested_past_the_decoders_stack_is_invalid_argument(served: Ser
                 list(stub.Generate(request, timeout=60))
             assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             assert info.value.details().startswith(field), info.value.details()
+
+
+def test_speculation_per_request_through_the_openai_front(served: Served) -> None:
+    """The `speculative` extension turns prompt-lookup drafts on for one request on a server that
+    does not speculate: the same tokens, and the drafts in `completion_tokens_details`."""
+    oai = openai.OpenAI(base_url=f"{served.base}/v1", api_key="unused", timeout=300, max_retries=0)
+    text = "alpha beta gamma delta " * 12
+    body = {"model": "m", "prompt": text, "temperature": 0, "max_tokens": 32}
+    extra = {"return_token_ids": True, "ignore_eos": True}
+    plain = oai.completions.create(**body, extra_body=extra)
+    fast = oai.completions.create(**body, extra_body={**extra, "speculative": {"enabled": True, "max_draft": 4}})
+    assert fast.choices[0].token_ids == plain.choices[0].token_ids
+    assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0
+    assert plain.usage.completion_tokens_details.rejected_prediction_tokens == 0
+    details = fast.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens >= 0 and details.rejected_prediction_tokens >= 0
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(**body, extra_body={"speculative": {"max_draft": 0}})
+    assert info.value.body["param"] == "speculative"

@@ -98,6 +98,8 @@ def test_generate_response_events() -> None:
         "cached_prompt_tokens",
         "processed_prompt_tokens",
         "completion_tokens",
+        "draft_tokens",
+        "accepted_draft_tokens",
     }
     assert set(_fields("Timings")) == {"queue_ms", "prompt_ms", "generation_ms", "time_to_first_token_ms"}
 

@@ -122,3 +122,20 @@ def test_the_hybrid_model_answers_equal_plain_decoding(hybrid) -> None:
         assert got == want
     after = counters(metrics_port)
     assert after["spec_decode_num_drafts"] > 0 and after["invariant_violations"] == 0
+
+
+def test_a_request_turns_speculation_off_or_bounds_its_drafts(gemma_model, gemma_server) -> None:
+    """Per request (SpeculativeOptions): off drafts nothing, max_draft bounds each draft, and the
+    usage reports what was drafted and accepted; the tokens are the same every way."""
+    target, _ = gemma_server
+    prompt = gemma_model.tokenizer.encode(COPIES[1])
+    want = reference(gemma_model, prompt, 24)
+    _, plain, off = ask(target, prompt, 24, speculative=False)
+    _, drafted, on = ask(target, prompt, 24)
+    _, bounded, one = ask(target, prompt, 24, spec_max_draft=1)
+    assert plain == drafted == bounded == want
+    assert off.usage.draft_tokens == off.usage.accepted_draft_tokens == 0
+    assert on.usage.draft_tokens >= on.usage.accepted_draft_tokens > 0
+    # one token per draft at most: no more drafted tokens than verifying forwards could hold
+    assert 0 < one.usage.draft_tokens <= 24 and one.usage.accepted_draft_tokens <= one.usage.draft_tokens
+    assert one.usage.draft_tokens < on.usage.draft_tokens

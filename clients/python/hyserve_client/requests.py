@@ -79,6 +79,9 @@ class GenerateParams(TypedDict, total=False):
     # CacheOptions
     cache_prompt: bool
     checkpoint_offsets: Sequence[int]
+    # SpeculativeOptions
+    speculative: bool
+    spec_max_draft: int
 
 
 _SAMPLING = frozenset(
@@ -169,6 +172,10 @@ def build_generate_request(
         req.cache.cache_prompt = params["cache_prompt"]
     if "checkpoint_offsets" in params:
         req.cache.checkpoint_offsets.extend(int(o) for o in params["checkpoint_offsets"])
+    if "speculative" in params:
+        req.speculative.enabled = params["speculative"]
+    if "spec_max_draft" in params:
+        req.speculative.max_draft = params["spec_max_draft"]
     return req
 
 

@@ -219,6 +219,8 @@ class Usage:
     cached_prompt_tokens: int = 0
     processed_prompt_tokens: int = 0
     completion_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding: tokens drafted, and those the model agreed with
+    accepted_draft_tokens: int = 0
 
     @classmethod
     def from_proto(cls, m: pb.Usage) -> Usage:
@@ -227,6 +229,8 @@ class Usage:
             cached_prompt_tokens=m.cached_prompt_tokens,
             processed_prompt_tokens=m.processed_prompt_tokens,
             completion_tokens=m.completion_tokens,
+            draft_tokens=m.draft_tokens,
+            accepted_draft_tokens=m.accepted_draft_tokens,
         )
 
 

@@ -113,6 +113,8 @@ class ProtoEvents:
                 cached_prompt_tokens=u.cached_prompt_tokens,
                 processed_prompt_tokens=u.processed_prompt_tokens,
                 completion_tokens=u.completion_tokens,
+                draft_tokens=u.draft_tokens,
+                accepted_draft_tokens=u.accepted_draft_tokens,
             ),
             timings=pb.Timings(
                 queue_ms=t.queue_ms,

@@ -57,6 +57,8 @@ class TaskRun:
             message_boundaries=prepared.message_boundaries,
             checkpoint_offsets=prepared.checkpoint_offsets,
             grammar=prepared.grammar,
+            speculative=prepared.speculative,
+            spec_max_draft=prepared.spec_max_draft,
         )
         if session_id:
             self.task.log = self.task.log.bind(session_id=session_id[:128])

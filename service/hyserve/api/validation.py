@@ -91,6 +91,8 @@ class PreparedRequest:
     output: OutputSpec | None = None
     # what the output must match (a request's constraint or a required tool call), compiled
     grammar: CompiledGrammar | None = None
+    speculative: bool | None = None  # None: the server's setting
+    spec_max_draft: int = 0  # 0: the server's
 
 
 def is_task_id(text: str) -> bool:
@@ -281,6 +283,24 @@ def _checkpoint_offsets(offsets: Sequence[int], n_prompt: int) -> tuple[int, ...
     return tuple(sorted({int(o) for o in offsets if o <= n_prompt}))
 
 
+MAX_SPEC_DRAFT = 64
+
+
+def _speculative(request: pb.GenerateRequest) -> dict[str, Any]:
+    """The request's speculative-decoding options as PreparedRequest fields."""
+    if not request.HasField("speculative"):
+        return {}
+    options = request.speculative
+    out: dict[str, Any] = {}
+    if options.HasField("enabled"):
+        out["speculative"] = options.enabled
+    if options.HasField("max_draft"):
+        if not 1 <= options.max_draft <= MAX_SPEC_DRAFT:
+            raise ValidationError(f"speculative.max_draft: must be in 1..{MAX_SPEC_DRAFT} (got {options.max_draft})")
+        out["spec_max_draft"] = options.max_draft
+    return out
+
+
 def prepare_generate(
     request: pb.GenerateRequest,
     tokenizer: TokenizerLike,
@@ -327,4 +347,5 @@ def prepare_generate(
         checkpoint_offsets=_checkpoint_offsets(request.cache.checkpoint_offsets, len(prompt)),
         output=output,
         grammar=grammar,
+        **_speculative(request),
     )

@@ -25,7 +25,7 @@ what was accepted.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -33,8 +33,9 @@ from hyserve.engine.config import EngineConfig
 from hyserve.engine.drafting import Drafter, NgramDrafter
 from hyserve.engine.shared import Shared
 from hyserve.engine.slot import Run, Slot
-from hyserve.engine.speculative import DraftLength, Verified, keep_accepted
+from hyserve.engine.speculative import DraftLength, SpecConfig, Verified, keep_accepted
 from hyserve.engine.stop import StopDecision
+from hyserve.engine.task import Task
 from hyserve.engine.token_step import take_token
 from hyserve.model.architectures.base import Architecture, Logits, Segment
 from hyserve.model.memory import Snapshot
@@ -93,15 +94,26 @@ class SpecStep:
     def enabled(self) -> bool:
         return self.config.method != "off"
 
+    def task_config(self, task: Task) -> SpecConfig | None:
+        """How this task speculates (its request's options over the server's), None: not at all."""
+        enabled = task.speculative if task.speculative is not None else self.enabled
+        if not enabled:
+            return None
+        base = self.config if self.enabled else SpecConfig()  # the server's, or prompt lookup's defaults
+        return replace(base, method="ngram", max_draft=task.spec_max_draft or base.max_draft)
+
     def segment(self, slot: Slot, run: Run, keep_inputs: bool) -> Segment | None:
         """The verifying row of a generating slot (its sampled token, then the draft), or None when
         the task decodes plainly this step (no draft, constrained, speculation off)."""
-        if not self.enabled or run.matcher is not None or run.next_token is None:
+        if run.matcher is not None or run.next_token is None:
             return None
         state = run.spec
         if state is None:
-            drafter = NgramDrafter(self.config.ngram_min, self.config.ngram_max)
-            state = run.spec = SpecRun(drafter, DraftLength(self.config))
+            config = self.task_config(run.task)
+            if config is None:
+                return None
+            drafter = NgramDrafter(config.ngram_min, config.ngram_max)
+            state = run.spec = SpecRun(drafter, DraftLength(config))
         state.pending = None
         state.drafter.extend(run.history[state.fed :])
         state.fed = len(run.history)

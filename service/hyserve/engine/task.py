@@ -146,6 +146,9 @@ class Task:
     checkpoint_offsets: tuple[int, ...] = ()
     # the output must match this (GrammarCompiler.compile, done before the task is submitted)
     grammar: CompiledGrammar | None = None
+    # speculative decoding for this task: None takes the server's setting; max draft 0: the server's
+    speculative: bool | None = None
+    spec_max_draft: int = 0
     received_at: float = field(default_factory=time.perf_counter)
     cancel_flag: CancelFlag = field(default_factory=CancelFlag)
     state: TaskState = TaskState.QUEUED

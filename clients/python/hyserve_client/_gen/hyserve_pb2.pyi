@@ -100,7 +100,7 @@ MEMORY_KIND_RECURRENT: MemoryKind
 MEMORY_KIND_HYBRID: MemoryKind
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("task_id", "text", "tokens", "chat", "sampling", "stopping", "logprobs", "top_logprobs", "cache")
+    __slots__ = ("task_id", "text", "tokens", "chat", "sampling", "stopping", "logprobs", "top_logprobs", "cache", "speculative")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class GenerateRequest(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     text: TextInput
     tokens: TokenInput
@@ -119,7 +120,16 @@ class GenerateRequest(_message.Message):
     logprobs: bool
     top_logprobs: int
     cache: CacheOptions
-    def __init__(self, task_id: _Optional[str] = ..., text: _Optional[_Union[TextInput, _Mapping]] = ..., tokens: _Optional[_Union[TokenInput, _Mapping]] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., cache: _Optional[_Union[CacheOptions, _Mapping]] = ...) -> None: ...
+    speculative: SpeculativeOptions
+    def __init__(self, task_id: _Optional[str] = ..., text: _Optional[_Union[TextInput, _Mapping]] = ..., tokens: _Optional[_Union[TokenInput, _Mapping]] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., cache: _Optional[_Union[CacheOptions, _Mapping]] = ..., speculative: _Optional[_Union[SpeculativeOptions, _Mapping]] = ...) -> None: ...
+
+class SpeculativeOptions(_message.Message):
+    __slots__ = ("enabled", "max_draft")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MAX_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    max_draft: int
+    def __init__(self, enabled: _Optional[bool] = ..., max_draft: _Optional[int] = ...) -> None: ...
 
 class TextInput(_message.Message):
     __slots__ = ("text", "add_special", "parse_special")
@@ -346,16 +356,20 @@ class Finished(_message.Message):
     def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "cached_prompt_tokens", "processed_prompt_tokens", "completion_tokens")
+    __slots__ = ("prompt_tokens", "cached_prompt_tokens", "processed_prompt_tokens", "completion_tokens", "draft_tokens", "accepted_draft_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROCESSED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     cached_prompt_tokens: int
     processed_prompt_tokens: int
     completion_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., processed_prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+    draft_tokens: int
+    accepted_draft_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., processed_prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "prompt_ms", "generation_ms", "time_to_first_token_ms")

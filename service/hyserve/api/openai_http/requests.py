@@ -76,6 +76,27 @@ def _sampling(body: dict[str, Any]) -> pb.SamplingParams:
     return s
 
 
+def _speculative(body: dict[str, Any]) -> pb.SpeculativeOptions | None:
+    """hyserve's extension `speculative`: a boolean, or {"enabled": bool, "max_draft": int}."""
+    value = body.get("speculative")
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return pb.SpeculativeOptions(enabled=value)
+    if not isinstance(value, dict):
+        raise OpenAIError('speculative: must be a boolean or {"enabled": ..., "max_draft": ...}', "speculative")
+    out = pb.SpeculativeOptions()
+
+    def error(message: str, _field: str) -> OpenAIError:
+        return OpenAIError(f"speculative.{message}", "speculative")
+
+    if (enabled := body_fields.boolean(value, "enabled", error)) is not None:
+        out.enabled = enabled
+    if (max_draft := body_fields.integer(value, "max_draft", 1, 2**32 - 1, error)) is not None:
+        out.max_draft = max_draft
+    return out
+
+
 def _stop_strings(body: dict[str, Any]) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -121,6 +142,8 @@ def _common(body: dict[str, Any], request: pb.GenerateRequest, task_id: str) -> 
     request.sampling.CopyFrom(_sampling(body))
     if (constraint := chat_tools.constraint(body)) is not None:
         request.sampling.constraint.CopyFrom(constraint)
+    if (speculative := _speculative(body)) is not None:
+        request.speculative.CopyFrom(speculative)
     cache_prompt = _boolean(body, "cache_prompt")
     if cache_prompt is not None:
         request.cache.cache_prompt = cache_prompt
@@ -274,6 +297,7 @@ _PARAMS = {
     "chat": "messages",
     "top_logprobs": "top_logprobs",
     "task_id": None,
+    "speculative.max_draft": "speculative",
 }
 
 

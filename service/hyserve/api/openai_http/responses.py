@@ -65,6 +65,11 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
+        # OpenAI's predicted-output counts: drafted tokens the model agreed with, and the rest
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": usage.accepted_draft_tokens,
+            "rejected_prediction_tokens": usage.draft_tokens - usage.accepted_draft_tokens,
+        },
     }
 
 

@@ -498,7 +498,10 @@ type GenerateRequest struct {
 	// temperature, top-k, top-p and min-p.
 	TopLogprobs uint32 `protobuf:"varint,8,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	// Prompt-cache behaviour for this request. Unset: all defaults (reuse and keep the cache).
-	Cache         *CacheOptions `protobuf:"bytes,9,opt,name=cache,proto3" json:"cache,omitempty"`
+	Cache *CacheOptions `protobuf:"bytes,9,opt,name=cache,proto3" json:"cache,omitempty"`
+	// Speculative decoding for this request. Unset: the server's setting (`--spec`). The output is
+	// the same tokens either way: speculation only changes how many forwards produce them.
+	Speculative   *SpeculativeOptions `protobuf:"bytes,10,opt,name=speculative,proto3" json:"speculative,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -609,6 +612,13 @@ func (x *GenerateRequest) GetCache() *CacheOptions {
 	return nil
 }
 
+func (x *GenerateRequest) GetSpeculative() *SpeculativeOptions {
+	if x != nil {
+		return x.Speculative
+	}
+	return nil
+}
+
 type isGenerateRequest_Input interface {
 	isGenerateRequest_Input()
 }
@@ -634,6 +644,62 @@ func (*GenerateRequest_Tokens) isGenerateRequest_Input() {}
 
 func (*GenerateRequest_Chat) isGenerateRequest_Input() {}
 
+// SpeculativeOptions turns speculative decoding on or off for one request.
+type SpeculativeOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Draft tokens by prompt lookup (n-grams of the prompt and the output) and verify several per
+	// forward. Unset: the server's setting. Requests with a constraint are never drafted for.
+	Enabled *bool `protobuf:"varint,1,opt,name=enabled,proto3,oneof" json:"enabled,omitempty"`
+	// At most this many drafted tokens per forward, 1-64. Unset: the server's `--spec-max-draft`.
+	MaxDraft      *uint32 `protobuf:"varint,2,opt,name=max_draft,json=maxDraft,proto3,oneof" json:"max_draft,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpeculativeOptions) Reset() {
+	*x = SpeculativeOptions{}
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpeculativeOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpeculativeOptions) ProtoMessage() {}
+
+func (x *SpeculativeOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpeculativeOptions.ProtoReflect.Descriptor instead.
+func (*SpeculativeOptions) Descriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SpeculativeOptions) GetEnabled() bool {
+	if x != nil && x.Enabled != nil {
+		return *x.Enabled
+	}
+	return false
+}
+
+func (x *SpeculativeOptions) GetMaxDraft() uint32 {
+	if x != nil && x.MaxDraft != nil {
+		return *x.MaxDraft
+	}
+	return 0
+}
+
 // TextInput is raw text to tokenize.
 type TextInput struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -651,7 +717,7 @@ type TextInput struct {
 
 func (x *TextInput) Reset() {
 	*x = TextInput{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[1]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +729,7 @@ func (x *TextInput) String() string {
 func (*TextInput) ProtoMessage() {}
 
 func (x *TextInput) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[1]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +742,7 @@ func (x *TextInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TextInput.ProtoReflect.Descriptor instead.
 func (*TextInput) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{1}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *TextInput) GetText() string {
@@ -711,7 +777,7 @@ type TokenInput struct {
 
 func (x *TokenInput) Reset() {
 	*x = TokenInput{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[2]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +789,7 @@ func (x *TokenInput) String() string {
 func (*TokenInput) ProtoMessage() {}
 
 func (x *TokenInput) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[2]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +802,7 @@ func (x *TokenInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInput.ProtoReflect.Descriptor instead.
 func (*TokenInput) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{2}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TokenInput) GetTokenIds() []uint32 {
@@ -774,7 +840,7 @@ type ChatInput struct {
 
 func (x *ChatInput) Reset() {
 	*x = ChatInput{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[3]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +852,7 @@ func (x *ChatInput) String() string {
 func (*ChatInput) ProtoMessage() {}
 
 func (x *ChatInput) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[3]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +865,7 @@ func (x *ChatInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatInput.ProtoReflect.Descriptor instead.
 func (*ChatInput) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{3}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ChatInput) GetMessages() []*ChatMessage {
@@ -867,7 +933,7 @@ type Tool struct {
 
 func (x *Tool) Reset() {
 	*x = Tool{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[4]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +945,7 @@ func (x *Tool) String() string {
 func (*Tool) ProtoMessage() {}
 
 func (x *Tool) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[4]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +958,7 @@ func (x *Tool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tool.ProtoReflect.Descriptor instead.
 func (*Tool) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{4}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Tool) GetName() string {
@@ -932,7 +998,7 @@ type ToolChoice struct {
 
 func (x *ToolChoice) Reset() {
 	*x = ToolChoice{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[5]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1010,7 @@ func (x *ToolChoice) String() string {
 func (*ToolChoice) ProtoMessage() {}
 
 func (x *ToolChoice) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[5]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1023,7 @@ func (x *ToolChoice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolChoice.ProtoReflect.Descriptor instead.
 func (*ToolChoice) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{5}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ToolChoice) GetChoice() isToolChoice_Choice {
@@ -1018,7 +1084,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[6]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1096,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[6]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1109,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{6}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ToolCall) GetId() string {
@@ -1090,7 +1156,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[7]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1168,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[7]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1181,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{7}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -1194,7 +1260,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[8]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1272,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[8]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1285,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{8}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -1303,7 +1369,7 @@ type Constraint struct {
 
 func (x *Constraint) Reset() {
 	*x = Constraint{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[9]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1381,7 @@ func (x *Constraint) String() string {
 func (*Constraint) ProtoMessage() {}
 
 func (x *Constraint) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[9]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1394,7 @@ func (x *Constraint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Constraint.ProtoReflect.Descriptor instead.
 func (*Constraint) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{9}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Constraint) GetKind() isConstraint_Kind {
@@ -1426,7 +1492,7 @@ type StoppingCriteria struct {
 
 func (x *StoppingCriteria) Reset() {
 	*x = StoppingCriteria{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[10]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1504,7 @@ func (x *StoppingCriteria) String() string {
 func (*StoppingCriteria) ProtoMessage() {}
 
 func (x *StoppingCriteria) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[10]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1517,7 @@ func (x *StoppingCriteria) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoppingCriteria.ProtoReflect.Descriptor instead.
 func (*StoppingCriteria) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{10}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StoppingCriteria) GetMaxTokens() uint32 {
@@ -1500,7 +1566,7 @@ type CacheOptions struct {
 
 func (x *CacheOptions) Reset() {
 	*x = CacheOptions{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[11]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +1578,7 @@ func (x *CacheOptions) String() string {
 func (*CacheOptions) ProtoMessage() {}
 
 func (x *CacheOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[11]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1591,7 @@ func (x *CacheOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheOptions.ProtoReflect.Descriptor instead.
 func (*CacheOptions) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{11}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CacheOptions) GetCachePrompt() bool {
@@ -1559,7 +1625,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[12]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1637,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[12]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1650,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{12}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GenerateResponse) GetEvent() isGenerateResponse_Event {
@@ -1674,7 +1740,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[13]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1752,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[13]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1765,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{13}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Accepted) GetTaskId() string {
@@ -1775,7 +1841,7 @@ type Delta struct {
 
 func (x *Delta) Reset() {
 	*x = Delta{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[14]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +1853,7 @@ func (x *Delta) String() string {
 func (*Delta) ProtoMessage() {}
 
 func (x *Delta) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[14]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +1866,7 @@ func (x *Delta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delta.ProtoReflect.Descriptor instead.
 func (*Delta) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{14}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Delta) GetTokenIds() []uint32 {
@@ -1857,7 +1923,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[15]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +1935,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[15]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +1948,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{15}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ToolCallDelta) GetIndex() uint32 {
@@ -1930,7 +1996,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[16]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2008,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[16]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2021,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{16}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TokenLogprob) GetTokenId() uint32 {
@@ -2001,7 +2067,7 @@ type TopLogprob struct {
 
 func (x *TopLogprob) Reset() {
 	*x = TopLogprob{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[17]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2079,7 @@ func (x *TopLogprob) String() string {
 func (*TopLogprob) ProtoMessage() {}
 
 func (x *TopLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[17]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2092,7 @@ func (x *TopLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLogprob.ProtoReflect.Descriptor instead.
 func (*TopLogprob) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{17}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TopLogprob) GetTokenId() uint32 {
@@ -2072,7 +2138,7 @@ type Finished struct {
 
 func (x *Finished) Reset() {
 	*x = Finished{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[18]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2150,7 @@ func (x *Finished) String() string {
 func (*Finished) ProtoMessage() {}
 
 func (x *Finished) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[18]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2163,7 @@ func (x *Finished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Finished.ProtoReflect.Descriptor instead.
 func (*Finished) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{18}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Finished) GetReason() FinishReason {
@@ -2153,13 +2219,17 @@ type Usage struct {
 	ProcessedPromptTokens uint32 `protobuf:"varint,3,opt,name=processed_prompt_tokens,json=processedPromptTokens,proto3" json:"processed_prompt_tokens,omitempty"`
 	// Tokens generated, including a final end-of-generation or stop token.
 	CompletionTokens uint32 `protobuf:"varint,4,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Tokens speculative decoding drafted for this task (0 without speculation).
+	DraftTokens uint32 `protobuf:"varint,5,opt,name=draft_tokens,json=draftTokens,proto3" json:"draft_tokens,omitempty"`
+	// Drafted tokens the model's own sampling agreed with: each saved a forward.
+	AcceptedDraftTokens uint32 `protobuf:"varint,6,opt,name=accepted_draft_tokens,json=acceptedDraftTokens,proto3" json:"accepted_draft_tokens,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[19]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2241,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[19]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2254,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{19}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Usage) GetPromptTokens() uint32 {
@@ -2215,6 +2285,20 @@ func (x *Usage) GetCompletionTokens() uint32 {
 	return 0
 }
 
+func (x *Usage) GetDraftTokens() uint32 {
+	if x != nil {
+		return x.DraftTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetAcceptedDraftTokens() uint32 {
+	if x != nil {
+		return x.AcceptedDraftTokens
+	}
+	return 0
+}
+
 // Timings are wall-clock durations of one task in milliseconds.
 type Timings struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2232,7 +2316,7 @@ type Timings struct {
 
 func (x *Timings) Reset() {
 	*x = Timings{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2244,7 +2328,7 @@ func (x *Timings) String() string {
 func (*Timings) ProtoMessage() {}
 
 func (x *Timings) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[20]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2257,7 +2341,7 @@ func (x *Timings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Timings.ProtoReflect.Descriptor instead.
 func (*Timings) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{20}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Timings) GetQueueMs() float64 {
@@ -2301,7 +2385,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2313,7 +2397,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[21]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2326,7 +2410,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{21}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CancelRequest) GetTaskId() string {
@@ -2347,7 +2431,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2359,7 +2443,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[22]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2372,7 +2456,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{22}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CancelResponse) GetStatus() CancelStatus {
@@ -2391,7 +2475,7 @@ type CacheStatsRequest struct {
 
 func (x *CacheStatsRequest) Reset() {
 	*x = CacheStatsRequest{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2403,7 +2487,7 @@ func (x *CacheStatsRequest) String() string {
 func (*CacheStatsRequest) ProtoMessage() {}
 
 func (x *CacheStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[23]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2416,7 +2500,7 @@ func (x *CacheStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheStatsRequest.ProtoReflect.Descriptor instead.
 func (*CacheStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{23}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{24}
 }
 
 // CacheStatsResponse is a snapshot of the prompt cache and its cumulative counters.
@@ -2436,7 +2520,7 @@ type CacheStatsResponse struct {
 
 func (x *CacheStatsResponse) Reset() {
 	*x = CacheStatsResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +2532,7 @@ func (x *CacheStatsResponse) String() string {
 func (*CacheStatsResponse) ProtoMessage() {}
 
 func (x *CacheStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[24]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +2545,7 @@ func (x *CacheStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheStatsResponse.ProtoReflect.Descriptor instead.
 func (*CacheStatsResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{24}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CacheStatsResponse) GetSlots() []*SlotStats {
@@ -2507,7 +2591,7 @@ type MemoryUsage struct {
 
 func (x *MemoryUsage) Reset() {
 	*x = MemoryUsage{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2603,7 @@ func (x *MemoryUsage) String() string {
 func (*MemoryUsage) ProtoMessage() {}
 
 func (x *MemoryUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[25]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2616,7 @@ func (x *MemoryUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryUsage.ProtoReflect.Descriptor instead.
 func (*MemoryUsage) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{25}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MemoryUsage) GetDeviceBytes() uint64 {
@@ -2568,7 +2652,7 @@ type SlotStats struct {
 
 func (x *SlotStats) Reset() {
 	*x = SlotStats{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +2664,7 @@ func (x *SlotStats) String() string {
 func (*SlotStats) ProtoMessage() {}
 
 func (x *SlotStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[26]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +2677,7 @@ func (x *SlotStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlotStats.ProtoReflect.Descriptor instead.
 func (*SlotStats) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{26}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SlotStats) GetIndex() uint32 {
@@ -2650,7 +2734,7 @@ type CheckpointInfo struct {
 
 func (x *CheckpointInfo) Reset() {
 	*x = CheckpointInfo{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[27]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +2746,7 @@ func (x *CheckpointInfo) String() string {
 func (*CheckpointInfo) ProtoMessage() {}
 
 func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[27]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +2759,7 @@ func (x *CheckpointInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointInfo.ProtoReflect.Descriptor instead.
 func (*CheckpointInfo) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{27}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CheckpointInfo) GetPosition() uint32 {
@@ -2721,7 +2805,7 @@ type PrefixStoreStats struct {
 
 func (x *PrefixStoreStats) Reset() {
 	*x = PrefixStoreStats{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[28]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2733,7 +2817,7 @@ func (x *PrefixStoreStats) String() string {
 func (*PrefixStoreStats) ProtoMessage() {}
 
 func (x *PrefixStoreStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[28]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2746,7 +2830,7 @@ func (x *PrefixStoreStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefixStoreStats.ProtoReflect.Descriptor instead.
 func (*PrefixStoreStats) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{28}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PrefixStoreStats) GetEntries() uint32 {
@@ -2817,7 +2901,7 @@ type CacheCounters struct {
 
 func (x *CacheCounters) Reset() {
 	*x = CacheCounters{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[29]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2829,7 +2913,7 @@ func (x *CacheCounters) String() string {
 func (*CacheCounters) ProtoMessage() {}
 
 func (x *CacheCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[29]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2842,7 +2926,7 @@ func (x *CacheCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheCounters.ProtoReflect.Descriptor instead.
 func (*CacheCounters) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{29}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CacheCounters) GetPromptTokensReceived() uint64 {
@@ -2959,7 +3043,7 @@ type ModelInfoRequest struct {
 
 func (x *ModelInfoRequest) Reset() {
 	*x = ModelInfoRequest{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[30]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2971,7 +3055,7 @@ func (x *ModelInfoRequest) String() string {
 func (*ModelInfoRequest) ProtoMessage() {}
 
 func (x *ModelInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[30]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2984,7 +3068,7 @@ func (x *ModelInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfoRequest.ProtoReflect.Descriptor instead.
 func (*ModelInfoRequest) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{30}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{31}
 }
 
 // ModelInfoResponse describes the loaded model and the server.
@@ -3030,7 +3114,7 @@ type ModelInfoResponse struct {
 
 func (x *ModelInfoResponse) Reset() {
 	*x = ModelInfoResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3042,7 +3126,7 @@ func (x *ModelInfoResponse) String() string {
 func (*ModelInfoResponse) ProtoMessage() {}
 
 func (x *ModelInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3055,7 +3139,7 @@ func (x *ModelInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfoResponse.ProtoReflect.Descriptor instead.
 func (*ModelInfoResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{31}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ModelInfoResponse) GetModelPath() string {
@@ -3168,7 +3252,7 @@ var File_hyserve_v1_hyserve_proto protoreflect.FileDescriptor
 const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\n" +
 	"\x18hyserve/v1/hyserve.proto\x12\n" +
-	"hyserve.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xa0\x03\n" +
+	"hyserve.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xe2\x03\n" +
 	"\x0fGenerateRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12+\n" +
 	"\x04text\x18\x02 \x01(\v2\x15.hyserve.v1.TextInputH\x00R\x04text\x120\n" +
@@ -3178,8 +3262,17 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\bstopping\x18\x06 \x01(\v2\x1c.hyserve.v1.StoppingCriteriaR\bstopping\x12\x1a\n" +
 	"\blogprobs\x18\a \x01(\bR\blogprobs\x12!\n" +
 	"\ftop_logprobs\x18\b \x01(\rR\vtopLogprobs\x12.\n" +
-	"\x05cache\x18\t \x01(\v2\x18.hyserve.v1.CacheOptionsR\x05cacheB\a\n" +
-	"\x05input\"\x91\x01\n" +
+	"\x05cache\x18\t \x01(\v2\x18.hyserve.v1.CacheOptionsR\x05cache\x12@\n" +
+	"\vspeculative\x18\n" +
+	" \x01(\v2\x1e.hyserve.v1.SpeculativeOptionsR\vspeculativeB\a\n" +
+	"\x05input\"o\n" +
+	"\x12SpeculativeOptions\x12\x1d\n" +
+	"\aenabled\x18\x01 \x01(\bH\x00R\aenabled\x88\x01\x01\x12 \n" +
+	"\tmax_draft\x18\x02 \x01(\rH\x01R\bmaxDraft\x88\x01\x01B\n" +
+	"\n" +
+	"\b_enabledB\f\n" +
+	"\n" +
+	"_max_draft\"\x91\x01\n" +
 	"\tTextInput\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12$\n" +
 	"\vadd_special\x18\x02 \x01(\bH\x00R\n" +
@@ -3313,12 +3406,14 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\atimings\x18\x05 \x01(\v2\x13.hyserve.v1.TimingsR\atimings\x123\n" +
 	"\n" +
 	"tool_calls\x18\x06 \x03(\v2\x14.hyserve.v1.ToolCallR\ttoolCallsB\x10\n" +
-	"\x0e_stop_token_id\"\xc3\x01\n" +
+	"\x0e_stop_token_id\"\x9a\x02\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\rR\fpromptTokens\x120\n" +
 	"\x14cached_prompt_tokens\x18\x02 \x01(\rR\x12cachedPromptTokens\x126\n" +
 	"\x17processed_prompt_tokens\x18\x03 \x01(\rR\x15processedPromptTokens\x12+\n" +
-	"\x11completion_tokens\x18\x04 \x01(\rR\x10completionTokens\"\x9a\x01\n" +
+	"\x11completion_tokens\x18\x04 \x01(\rR\x10completionTokens\x12!\n" +
+	"\fdraft_tokens\x18\x05 \x01(\rR\vdraftTokens\x122\n" +
+	"\x15accepted_draft_tokens\x18\x06 \x01(\rR\x13acceptedDraftTokens\"\x9a\x01\n" +
 	"\aTimings\x12\x19\n" +
 	"\bqueue_ms\x18\x01 \x01(\x01R\aqueueMs\x12\x1b\n" +
 	"\tprompt_ms\x18\x02 \x01(\x01R\bpromptMs\x12#\n" +
@@ -3468,7 +3563,7 @@ func file_hyserve_v1_hyserve_proto_rawDescGZIP() []byte {
 }
 
 var file_hyserve_v1_hyserve_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_hyserve_v1_hyserve_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_hyserve_v1_hyserve_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_hyserve_v1_hyserve_proto_goTypes = []any{
 	(ToolChoiceMode)(0),        // 0: hyserve.v1.ToolChoiceMode
 	(ReuseSource)(0),           // 1: hyserve.v1.ReuseSource
@@ -3478,90 +3573,92 @@ var file_hyserve_v1_hyserve_proto_goTypes = []any{
 	(CheckpointKind)(0),        // 5: hyserve.v1.CheckpointKind
 	(MemoryKind)(0),            // 6: hyserve.v1.MemoryKind
 	(*GenerateRequest)(nil),    // 7: hyserve.v1.GenerateRequest
-	(*TextInput)(nil),          // 8: hyserve.v1.TextInput
-	(*TokenInput)(nil),         // 9: hyserve.v1.TokenInput
-	(*ChatInput)(nil),          // 10: hyserve.v1.ChatInput
-	(*Tool)(nil),               // 11: hyserve.v1.Tool
-	(*ToolChoice)(nil),         // 12: hyserve.v1.ToolChoice
-	(*ToolCall)(nil),           // 13: hyserve.v1.ToolCall
-	(*ChatMessage)(nil),        // 14: hyserve.v1.ChatMessage
-	(*SamplingParams)(nil),     // 15: hyserve.v1.SamplingParams
-	(*Constraint)(nil),         // 16: hyserve.v1.Constraint
-	(*StoppingCriteria)(nil),   // 17: hyserve.v1.StoppingCriteria
-	(*CacheOptions)(nil),       // 18: hyserve.v1.CacheOptions
-	(*GenerateResponse)(nil),   // 19: hyserve.v1.GenerateResponse
-	(*Accepted)(nil),           // 20: hyserve.v1.Accepted
-	(*Delta)(nil),              // 21: hyserve.v1.Delta
-	(*ToolCallDelta)(nil),      // 22: hyserve.v1.ToolCallDelta
-	(*TokenLogprob)(nil),       // 23: hyserve.v1.TokenLogprob
-	(*TopLogprob)(nil),         // 24: hyserve.v1.TopLogprob
-	(*Finished)(nil),           // 25: hyserve.v1.Finished
-	(*Usage)(nil),              // 26: hyserve.v1.Usage
-	(*Timings)(nil),            // 27: hyserve.v1.Timings
-	(*CancelRequest)(nil),      // 28: hyserve.v1.CancelRequest
-	(*CancelResponse)(nil),     // 29: hyserve.v1.CancelResponse
-	(*CacheStatsRequest)(nil),  // 30: hyserve.v1.CacheStatsRequest
-	(*CacheStatsResponse)(nil), // 31: hyserve.v1.CacheStatsResponse
-	(*MemoryUsage)(nil),        // 32: hyserve.v1.MemoryUsage
-	(*SlotStats)(nil),          // 33: hyserve.v1.SlotStats
-	(*CheckpointInfo)(nil),     // 34: hyserve.v1.CheckpointInfo
-	(*PrefixStoreStats)(nil),   // 35: hyserve.v1.PrefixStoreStats
-	(*CacheCounters)(nil),      // 36: hyserve.v1.CacheCounters
-	(*ModelInfoRequest)(nil),   // 37: hyserve.v1.ModelInfoRequest
-	(*ModelInfoResponse)(nil),  // 38: hyserve.v1.ModelInfoResponse
-	nil,                        // 39: hyserve.v1.CacheCounters.FullReprocessByReasonEntry
-	nil,                        // 40: hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
-	(*structpb.Struct)(nil),    // 41: google.protobuf.Struct
+	(*SpeculativeOptions)(nil), // 8: hyserve.v1.SpeculativeOptions
+	(*TextInput)(nil),          // 9: hyserve.v1.TextInput
+	(*TokenInput)(nil),         // 10: hyserve.v1.TokenInput
+	(*ChatInput)(nil),          // 11: hyserve.v1.ChatInput
+	(*Tool)(nil),               // 12: hyserve.v1.Tool
+	(*ToolChoice)(nil),         // 13: hyserve.v1.ToolChoice
+	(*ToolCall)(nil),           // 14: hyserve.v1.ToolCall
+	(*ChatMessage)(nil),        // 15: hyserve.v1.ChatMessage
+	(*SamplingParams)(nil),     // 16: hyserve.v1.SamplingParams
+	(*Constraint)(nil),         // 17: hyserve.v1.Constraint
+	(*StoppingCriteria)(nil),   // 18: hyserve.v1.StoppingCriteria
+	(*CacheOptions)(nil),       // 19: hyserve.v1.CacheOptions
+	(*GenerateResponse)(nil),   // 20: hyserve.v1.GenerateResponse
+	(*Accepted)(nil),           // 21: hyserve.v1.Accepted
+	(*Delta)(nil),              // 22: hyserve.v1.Delta
+	(*ToolCallDelta)(nil),      // 23: hyserve.v1.ToolCallDelta
+	(*TokenLogprob)(nil),       // 24: hyserve.v1.TokenLogprob
+	(*TopLogprob)(nil),         // 25: hyserve.v1.TopLogprob
+	(*Finished)(nil),           // 26: hyserve.v1.Finished
+	(*Usage)(nil),              // 27: hyserve.v1.Usage
+	(*Timings)(nil),            // 28: hyserve.v1.Timings
+	(*CancelRequest)(nil),      // 29: hyserve.v1.CancelRequest
+	(*CancelResponse)(nil),     // 30: hyserve.v1.CancelResponse
+	(*CacheStatsRequest)(nil),  // 31: hyserve.v1.CacheStatsRequest
+	(*CacheStatsResponse)(nil), // 32: hyserve.v1.CacheStatsResponse
+	(*MemoryUsage)(nil),        // 33: hyserve.v1.MemoryUsage
+	(*SlotStats)(nil),          // 34: hyserve.v1.SlotStats
+	(*CheckpointInfo)(nil),     // 35: hyserve.v1.CheckpointInfo
+	(*PrefixStoreStats)(nil),   // 36: hyserve.v1.PrefixStoreStats
+	(*CacheCounters)(nil),      // 37: hyserve.v1.CacheCounters
+	(*ModelInfoRequest)(nil),   // 38: hyserve.v1.ModelInfoRequest
+	(*ModelInfoResponse)(nil),  // 39: hyserve.v1.ModelInfoResponse
+	nil,                        // 40: hyserve.v1.CacheCounters.FullReprocessByReasonEntry
+	nil,                        // 41: hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
+	(*structpb.Struct)(nil),    // 42: google.protobuf.Struct
 }
 var file_hyserve_v1_hyserve_proto_depIdxs = []int32{
-	8,  // 0: hyserve.v1.GenerateRequest.text:type_name -> hyserve.v1.TextInput
-	9,  // 1: hyserve.v1.GenerateRequest.tokens:type_name -> hyserve.v1.TokenInput
-	10, // 2: hyserve.v1.GenerateRequest.chat:type_name -> hyserve.v1.ChatInput
-	15, // 3: hyserve.v1.GenerateRequest.sampling:type_name -> hyserve.v1.SamplingParams
-	17, // 4: hyserve.v1.GenerateRequest.stopping:type_name -> hyserve.v1.StoppingCriteria
-	18, // 5: hyserve.v1.GenerateRequest.cache:type_name -> hyserve.v1.CacheOptions
-	14, // 6: hyserve.v1.ChatInput.messages:type_name -> hyserve.v1.ChatMessage
-	41, // 7: hyserve.v1.ChatInput.chat_template_kwargs:type_name -> google.protobuf.Struct
-	11, // 8: hyserve.v1.ChatInput.tools:type_name -> hyserve.v1.Tool
-	12, // 9: hyserve.v1.ChatInput.tool_choice:type_name -> hyserve.v1.ToolChoice
-	0,  // 10: hyserve.v1.ToolChoice.mode:type_name -> hyserve.v1.ToolChoiceMode
-	13, // 11: hyserve.v1.ChatMessage.tool_calls:type_name -> hyserve.v1.ToolCall
-	16, // 12: hyserve.v1.SamplingParams.constraint:type_name -> hyserve.v1.Constraint
-	20, // 13: hyserve.v1.GenerateResponse.accepted:type_name -> hyserve.v1.Accepted
-	21, // 14: hyserve.v1.GenerateResponse.delta:type_name -> hyserve.v1.Delta
-	25, // 15: hyserve.v1.GenerateResponse.finished:type_name -> hyserve.v1.Finished
-	1,  // 16: hyserve.v1.Accepted.reuse_source:type_name -> hyserve.v1.ReuseSource
-	23, // 17: hyserve.v1.Delta.logprobs:type_name -> hyserve.v1.TokenLogprob
-	22, // 18: hyserve.v1.Delta.tool_calls:type_name -> hyserve.v1.ToolCallDelta
-	24, // 19: hyserve.v1.TokenLogprob.top_logprobs:type_name -> hyserve.v1.TopLogprob
-	2,  // 20: hyserve.v1.Finished.reason:type_name -> hyserve.v1.FinishReason
-	26, // 21: hyserve.v1.Finished.usage:type_name -> hyserve.v1.Usage
-	27, // 22: hyserve.v1.Finished.timings:type_name -> hyserve.v1.Timings
-	13, // 23: hyserve.v1.Finished.tool_calls:type_name -> hyserve.v1.ToolCall
-	3,  // 24: hyserve.v1.CancelResponse.status:type_name -> hyserve.v1.CancelStatus
-	33, // 25: hyserve.v1.CacheStatsResponse.slots:type_name -> hyserve.v1.SlotStats
-	35, // 26: hyserve.v1.CacheStatsResponse.prefix_store:type_name -> hyserve.v1.PrefixStoreStats
-	36, // 27: hyserve.v1.CacheStatsResponse.counters:type_name -> hyserve.v1.CacheCounters
-	32, // 28: hyserve.v1.CacheStatsResponse.memory:type_name -> hyserve.v1.MemoryUsage
-	4,  // 29: hyserve.v1.SlotStats.state:type_name -> hyserve.v1.SlotState
-	34, // 30: hyserve.v1.SlotStats.checkpoints:type_name -> hyserve.v1.CheckpointInfo
-	5,  // 31: hyserve.v1.CheckpointInfo.kind:type_name -> hyserve.v1.CheckpointKind
-	39, // 32: hyserve.v1.CacheCounters.full_reprocess_by_reason:type_name -> hyserve.v1.CacheCounters.FullReprocessByReasonEntry
-	40, // 33: hyserve.v1.CacheCounters.reprocessed_tokens_by_reason:type_name -> hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
-	6,  // 34: hyserve.v1.ModelInfoResponse.memory_kind:type_name -> hyserve.v1.MemoryKind
-	7,  // 35: hyserve.v1.HyserveService.Generate:input_type -> hyserve.v1.GenerateRequest
-	28, // 36: hyserve.v1.HyserveService.Cancel:input_type -> hyserve.v1.CancelRequest
-	30, // 37: hyserve.v1.HyserveService.CacheStats:input_type -> hyserve.v1.CacheStatsRequest
-	37, // 38: hyserve.v1.HyserveService.ModelInfo:input_type -> hyserve.v1.ModelInfoRequest
-	19, // 39: hyserve.v1.HyserveService.Generate:output_type -> hyserve.v1.GenerateResponse
-	29, // 40: hyserve.v1.HyserveService.Cancel:output_type -> hyserve.v1.CancelResponse
-	31, // 41: hyserve.v1.HyserveService.CacheStats:output_type -> hyserve.v1.CacheStatsResponse
-	38, // 42: hyserve.v1.HyserveService.ModelInfo:output_type -> hyserve.v1.ModelInfoResponse
-	39, // [39:43] is the sub-list for method output_type
-	35, // [35:39] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	9,  // 0: hyserve.v1.GenerateRequest.text:type_name -> hyserve.v1.TextInput
+	10, // 1: hyserve.v1.GenerateRequest.tokens:type_name -> hyserve.v1.TokenInput
+	11, // 2: hyserve.v1.GenerateRequest.chat:type_name -> hyserve.v1.ChatInput
+	16, // 3: hyserve.v1.GenerateRequest.sampling:type_name -> hyserve.v1.SamplingParams
+	18, // 4: hyserve.v1.GenerateRequest.stopping:type_name -> hyserve.v1.StoppingCriteria
+	19, // 5: hyserve.v1.GenerateRequest.cache:type_name -> hyserve.v1.CacheOptions
+	8,  // 6: hyserve.v1.GenerateRequest.speculative:type_name -> hyserve.v1.SpeculativeOptions
+	15, // 7: hyserve.v1.ChatInput.messages:type_name -> hyserve.v1.ChatMessage
+	42, // 8: hyserve.v1.ChatInput.chat_template_kwargs:type_name -> google.protobuf.Struct
+	12, // 9: hyserve.v1.ChatInput.tools:type_name -> hyserve.v1.Tool
+	13, // 10: hyserve.v1.ChatInput.tool_choice:type_name -> hyserve.v1.ToolChoice
+	0,  // 11: hyserve.v1.ToolChoice.mode:type_name -> hyserve.v1.ToolChoiceMode
+	14, // 12: hyserve.v1.ChatMessage.tool_calls:type_name -> hyserve.v1.ToolCall
+	17, // 13: hyserve.v1.SamplingParams.constraint:type_name -> hyserve.v1.Constraint
+	21, // 14: hyserve.v1.GenerateResponse.accepted:type_name -> hyserve.v1.Accepted
+	22, // 15: hyserve.v1.GenerateResponse.delta:type_name -> hyserve.v1.Delta
+	26, // 16: hyserve.v1.GenerateResponse.finished:type_name -> hyserve.v1.Finished
+	1,  // 17: hyserve.v1.Accepted.reuse_source:type_name -> hyserve.v1.ReuseSource
+	24, // 18: hyserve.v1.Delta.logprobs:type_name -> hyserve.v1.TokenLogprob
+	23, // 19: hyserve.v1.Delta.tool_calls:type_name -> hyserve.v1.ToolCallDelta
+	25, // 20: hyserve.v1.TokenLogprob.top_logprobs:type_name -> hyserve.v1.TopLogprob
+	2,  // 21: hyserve.v1.Finished.reason:type_name -> hyserve.v1.FinishReason
+	27, // 22: hyserve.v1.Finished.usage:type_name -> hyserve.v1.Usage
+	28, // 23: hyserve.v1.Finished.timings:type_name -> hyserve.v1.Timings
+	14, // 24: hyserve.v1.Finished.tool_calls:type_name -> hyserve.v1.ToolCall
+	3,  // 25: hyserve.v1.CancelResponse.status:type_name -> hyserve.v1.CancelStatus
+	34, // 26: hyserve.v1.CacheStatsResponse.slots:type_name -> hyserve.v1.SlotStats
+	36, // 27: hyserve.v1.CacheStatsResponse.prefix_store:type_name -> hyserve.v1.PrefixStoreStats
+	37, // 28: hyserve.v1.CacheStatsResponse.counters:type_name -> hyserve.v1.CacheCounters
+	33, // 29: hyserve.v1.CacheStatsResponse.memory:type_name -> hyserve.v1.MemoryUsage
+	4,  // 30: hyserve.v1.SlotStats.state:type_name -> hyserve.v1.SlotState
+	35, // 31: hyserve.v1.SlotStats.checkpoints:type_name -> hyserve.v1.CheckpointInfo
+	5,  // 32: hyserve.v1.CheckpointInfo.kind:type_name -> hyserve.v1.CheckpointKind
+	40, // 33: hyserve.v1.CacheCounters.full_reprocess_by_reason:type_name -> hyserve.v1.CacheCounters.FullReprocessByReasonEntry
+	41, // 34: hyserve.v1.CacheCounters.reprocessed_tokens_by_reason:type_name -> hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
+	6,  // 35: hyserve.v1.ModelInfoResponse.memory_kind:type_name -> hyserve.v1.MemoryKind
+	7,  // 36: hyserve.v1.HyserveService.Generate:input_type -> hyserve.v1.GenerateRequest
+	29, // 37: hyserve.v1.HyserveService.Cancel:input_type -> hyserve.v1.CancelRequest
+	31, // 38: hyserve.v1.HyserveService.CacheStats:input_type -> hyserve.v1.CacheStatsRequest
+	38, // 39: hyserve.v1.HyserveService.ModelInfo:input_type -> hyserve.v1.ModelInfoRequest
+	20, // 40: hyserve.v1.HyserveService.Generate:output_type -> hyserve.v1.GenerateResponse
+	30, // 41: hyserve.v1.HyserveService.Cancel:output_type -> hyserve.v1.CancelResponse
+	32, // 42: hyserve.v1.HyserveService.CacheStats:output_type -> hyserve.v1.CacheStatsResponse
+	39, // 43: hyserve.v1.HyserveService.ModelInfo:output_type -> hyserve.v1.ModelInfoResponse
+	40, // [40:44] is the sub-list for method output_type
+	36, // [36:40] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_hyserve_v1_hyserve_proto_init() }
@@ -3575,35 +3672,36 @@ func file_hyserve_v1_hyserve_proto_init() {
 		(*GenerateRequest_Chat)(nil),
 	}
 	file_hyserve_v1_hyserve_proto_msgTypes[1].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[3].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[5].OneofWrappers = []any{
+	file_hyserve_v1_hyserve_proto_msgTypes[2].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[4].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[6].OneofWrappers = []any{
 		(*ToolChoice_Mode)(nil),
 		(*ToolChoice_Function)(nil),
 	}
-	file_hyserve_v1_hyserve_proto_msgTypes[7].OneofWrappers = []any{}
 	file_hyserve_v1_hyserve_proto_msgTypes[8].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[9].OneofWrappers = []any{
+	file_hyserve_v1_hyserve_proto_msgTypes[9].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[10].OneofWrappers = []any{
 		(*Constraint_JsonSchema)(nil),
 		(*Constraint_JsonObject)(nil),
 		(*Constraint_Regex)(nil),
 		(*Constraint_Grammar)(nil),
 	}
-	file_hyserve_v1_hyserve_proto_msgTypes[10].OneofWrappers = []any{}
 	file_hyserve_v1_hyserve_proto_msgTypes[11].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[12].OneofWrappers = []any{
+	file_hyserve_v1_hyserve_proto_msgTypes[12].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[13].OneofWrappers = []any{
 		(*GenerateResponse_Accepted)(nil),
 		(*GenerateResponse_Delta)(nil),
 		(*GenerateResponse_Finished)(nil),
 	}
-	file_hyserve_v1_hyserve_proto_msgTypes[18].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[31].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[19].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[32].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hyserve_v1_hyserve_proto_rawDesc), len(file_hyserve_v1_hyserve_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

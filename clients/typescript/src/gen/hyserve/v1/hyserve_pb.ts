@@ -21,7 +21,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file hyserve/v1/hyserve.proto.
  */
 export const file_hyserve_v1_hyserve: GenFile = /*@__PURE__*/
-  fileDesc("ChhoeXNlcnZlL3YxL2h5c2VydmUucHJvdG8SCmh5c2VydmUudjEi0gIKD0dlbmVyYXRlUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiUKBHRleHQYAiABKAsyFS5oeXNlcnZlLnYxLlRleHRJbnB1dEgAEigKBnRva2VucxgDIAEoCzIWLmh5c2VydmUudjEuVG9rZW5JbnB1dEgAEiUKBGNoYXQYBCABKAsyFS5oeXNlcnZlLnYxLkNoYXRJbnB1dEgAEiwKCHNhbXBsaW5nGAUgASgLMhouaHlzZXJ2ZS52MS5TYW1wbGluZ1BhcmFtcxIuCghzdG9wcGluZxgGIAEoCzIcLmh5c2VydmUudjEuU3RvcHBpbmdDcml0ZXJpYRIQCghsb2dwcm9icxgHIAEoCBIUCgx0b3BfbG9ncHJvYnMYCCABKA0SJwoFY2FjaGUYCSABKAsyGC5oeXNlcnZlLnYxLkNhY2hlT3B0aW9uc0IHCgVpbnB1dCJxCglUZXh0SW5wdXQSDAoEdGV4dBgBIAEoCRIYCgthZGRfc3BlY2lhbBgCIAEoCEgAiAEBEhoKDXBhcnNlX3NwZWNpYWwYAyABKAhIAYgBAUIOCgxfYWRkX3NwZWNpYWxCEAoOX3BhcnNlX3NwZWNpYWwiHwoKVG9rZW5JbnB1dBIRCgl0b2tlbl9pZHMYASADKA0i3wIKCUNoYXRJbnB1dBIpCghtZXNzYWdlcxgBIAMoCzIXLmh5c2VydmUudjEuQ2hhdE1lc3NhZ2USIgoVYWRkX2dlbmVyYXRpb25fcHJvbXB0GAIgASgISACIAQESNQoUY2hhdF90ZW1wbGF0ZV9rd2FyZ3MYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh8KBXRvb2xzGAQgAygLMhAuaHlzZXJ2ZS52MS5Ub29sEisKC3Rvb2xfY2hvaWNlGAUgASgLMhYuaHlzZXJ2ZS52MS5Ub29sQ2hvaWNlEiAKE3BhcmFsbGVsX3Rvb2xfY2FsbHMYBiABKAhIAYgBARIZCgxwYXJzZV9vdXRwdXQYByABKAhIAogBAUIYChZfYWRkX2dlbmVyYXRpb25fcHJvbXB0QhYKFF9wYXJhbGxlbF90b29sX2NhbGxzQg8KDV9wYXJzZV9vdXRwdXQiQgoEVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCSJWCgpUb29sQ2hvaWNlEioKBG1vZGUYASABKA4yGi5oeXNlcnZlLnYxLlRvb2xDaG9pY2VNb2RlSAASEgoIZnVuY3Rpb24YAiABKAlIAEIICgZjaG9pY2UiPAoIVG9vbENhbGwSCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCSLUAQoLQ2hhdE1lc3NhZ2USDAoEcm9sZRgBIAEoCRIPCgdjb250ZW50GAIgASgJEhEKBG5hbWUYAyABKAlIAIgBARIeChFyZWFzb25pbmdfY29udGVudBgEIAEoCUgBiAEBEigKCnRvb2xfY2FsbHMYBSADKAsyFC5oeXNlcnZlLnYxLlRvb2xDYWxsEhkKDHRvb2xfY2FsbF9pZBgGIAEoCUgCiAEBQgcKBV9uYW1lQhQKEl9yZWFzb25pbmdfY29udGVudEIPCg1fdG9vbF9jYWxsX2lkIv4CCg5TYW1wbGluZ1BhcmFtcxIYCgt0ZW1wZXJhdHVyZRgBIAEoAkgAiAEBEhIKBXRvcF9rGAIgASgFSAGIAQESEgoFdG9wX3AYAyABKAJIAogBARISCgVtaW5fcBgEIAEoAkgDiAEBEh8KEnJlcGV0aXRpb25fcGVuYWx0eRgFIAEoAkgEiAEBEh0KEHByZXNlbmNlX3BlbmFsdHkYBiABKAJIBYgBARIeChFmcmVxdWVuY3lfcGVuYWx0eRgHIAEoAkgGiAEBEhEKBHNlZWQYCCABKARIB4gBARIqCgpjb25zdHJhaW50GAkgASgLMhYuaHlzZXJ2ZS52MS5Db25zdHJhaW50Qg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX2tCCAoGX3RvcF9wQggKBl9taW5fcEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5QhMKEV9wcmVzZW5jZV9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUIHCgVfc2VlZCJmCgpDb25zdHJhaW50EhUKC2pzb25fc2NoZW1hGAEgASgJSAASFQoLanNvbl9vYmplY3QYAiABKAhIABIPCgVyZWdleBgDIAEoCUgAEhEKB2dyYW1tYXIYBCABKAlIAEIGCgRraW5kInwKEFN0b3BwaW5nQ3JpdGVyaWESFwoKbWF4X3Rva2VucxgBIAEoDUgAiAEBEhQKDHN0b3Bfc3RyaW5ncxgCIAMoCRIWCg5zdG9wX3Rva2VuX2lkcxgDIAMoDRISCgppZ25vcmVfZW9zGAQgASgIQg0KC19tYXhfdG9rZW5zIlYKDENhY2hlT3B0aW9ucxIZCgxjYWNoZV9wcm9tcHQYASABKAhIAIgBARIaChJjaGVja3BvaW50X29mZnNldHMYAiADKA1CDwoNX2NhY2hlX3Byb21wdCKTAQoQR2VuZXJhdGVSZXNwb25zZRIoCghhY2NlcHRlZBgBIAEoCzIULmh5c2VydmUudjEuQWNjZXB0ZWRIABIiCgVkZWx0YRgCIAEoCzIRLmh5c2VydmUudjEuRGVsdGFIABIoCghmaW5pc2hlZBgDIAEoCzIULmh5c2VydmUudjEuRmluaXNoZWRIAEIHCgVldmVudCK+AQoIQWNjZXB0ZWQSDwoHdGFza19pZBgBIAEoCRISCgpzbG90X2luZGV4GAIgASgNEhUKDXByb21wdF90b2tlbnMYAyABKA0SFQoNcmV1c2VkX3Rva2VucxgEIAEoDRItCgxyZXVzZV9zb3VyY2UYBSABKA4yFy5oeXNlcnZlLnYxLlJldXNlU291cmNlEhYKDm1hdGNoZWRfdG9rZW5zGAYgASgNEhgKEHJlcHJvY2Vzc19yZWFzb24YByABKAkilgEKBURlbHRhEhEKCXRva2VuX2lkcxgBIAMoDRIMCgR0ZXh0GAIgASgJEioKCGxvZ3Byb2JzGAMgAygLMhguaHlzZXJ2ZS52MS5Ub2tlbkxvZ3Byb2ISEQoJcmVhc29uaW5nGAQgASgJEi0KCnRvb2xfY2FsbHMYBSADKAsyGS5oeXNlcnZlLnYxLlRvb2xDYWxsRGVsdGEiVAoNVG9vbENhbGxEZWx0YRINCgVpbmRleBgBIAEoDRIKCgJpZBgCIAEoCRIMCgRuYW1lGAMgASgJEhoKEmFyZ3VtZW50c19mcmFnbWVudBgEIAEoCSJuCgxUb2tlbkxvZ3Byb2ISEAoIdG9rZW5faWQYASABKA0SDwoHbG9ncHJvYhgCIAEoAhINCgVwaWVjZRgDIAEoDBIsCgx0b3BfbG9ncHJvYnMYBCADKAsyFi5oeXNlcnZlLnYxLlRvcExvZ3Byb2IiPgoKVG9wTG9ncHJvYhIQCgh0b2tlbl9pZBgBIAEoDRIPCgdsb2dwcm9iGAIgASgCEg0KBXBpZWNlGAMgASgMIukBCghGaW5pc2hlZBIoCgZyZWFzb24YASABKA4yGC5oeXNlcnZlLnYxLkZpbmlzaFJlYXNvbhITCgtzdG9wX3N0cmluZxgCIAEoCRIaCg1zdG9wX3Rva2VuX2lkGAMgASgNSACIAQESIAoFdXNhZ2UYBCABKAsyES5oeXNlcnZlLnYxLlVzYWdlEiQKB3RpbWluZ3MYBSABKAsyEy5oeXNlcnZlLnYxLlRpbWluZ3MSKAoKdG9vbF9jYWxscxgGIAMoCzIULmh5c2VydmUudjEuVG9vbENhbGxCEAoOX3N0b3BfdG9rZW5faWQieAoFVXNhZ2USFQoNcHJvbXB0X3Rva2VucxgBIAEoDRIcChRjYWNoZWRfcHJvbXB0X3Rva2VucxgCIAEoDRIfChdwcm9jZXNzZWRfcHJvbXB0X3Rva2VucxgDIAEoDRIZChFjb21wbGV0aW9uX3Rva2VucxgEIAEoDSJlCgdUaW1pbmdzEhAKCHF1ZXVlX21zGAEgASgBEhEKCXByb21wdF9tcxgCIAEoARIVCg1nZW5lcmF0aW9uX21zGAMgASgBEh4KFnRpbWVfdG9fZmlyc3RfdG9rZW5fbXMYBCABKAEiIAoNQ2FuY2VsUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjoKDkNhbmNlbFJlc3BvbnNlEigKBnN0YXR1cxgBIAEoDjIYLmh5c2VydmUudjEuQ2FuY2VsU3RhdHVzIhMKEUNhY2hlU3RhdHNSZXF1ZXN0IsQBChJDYWNoZVN0YXRzUmVzcG9uc2USJAoFc2xvdHMYASADKAsyFS5oeXNlcnZlLnYxLlNsb3RTdGF0cxIyCgxwcmVmaXhfc3RvcmUYAiABKAsyHC5oeXNlcnZlLnYxLlByZWZpeFN0b3JlU3RhdHMSKwoIY291bnRlcnMYAyABKAsyGS5oeXNlcnZlLnYxLkNhY2hlQ291bnRlcnMSJwoGbWVtb3J5GAQgASgLMhcuaHlzZXJ2ZS52MS5NZW1vcnlVc2FnZSI3CgtNZW1vcnlVc2FnZRIUCgxkZXZpY2VfYnl0ZXMYASABKAQSEgoKaG9zdF9ieXRlcxgCIAEoBCKZAQoJU2xvdFN0YXRzEg0KBWluZGV4GAEgASgNEiQKBXN0YXRlGAIgASgOMhUuaHlzZXJ2ZS52MS5TbG90U3RhdGUSDwoHdGFza19pZBgDIAEoCRIVCg1jYWNoZWRfdG9rZW5zGAQgASgNEi8KC2NoZWNrcG9pbnRzGAUgAygLMhouaHlzZXJ2ZS52MS5DaGVja3BvaW50SW5mbyJvCg5DaGVja3BvaW50SW5mbxIQCghwb3NpdGlvbhgBIAEoDRIoCgRraW5kGAIgASgOMhouaHlzZXJ2ZS52MS5DaGVja3BvaW50S2luZBINCgVieXRlcxgDIAEoBBISCgpoYXNfbG9naXRzGAQgASgIIkgKEFByZWZpeFN0b3JlU3RhdHMSDwoHZW50cmllcxgBIAEoDRINCgVieXRlcxgCIAEoBBIUCgxidWRnZXRfYnl0ZXMYAyABKAQisQUKDUNhY2hlQ291bnRlcnMSHgoWcHJvbXB0X3Rva2Vuc19yZWNlaXZlZBgBIAEoBBIcChRwcm9tcHRfdG9rZW5zX3JldXNlZBgCIAEoBBIfChdwcm9tcHRfdG9rZW5zX3Byb2Nlc3NlZBgDIAEoBBIQCghyZXN0b3JlcxgEIAEoBBJWChhmdWxsX3JlcHJvY2Vzc19ieV9yZWFzb24YBSADKAsyNC5oeXNlcnZlLnYxLkNhY2hlQ291bnRlcnMuRnVsbFJlcHJvY2Vzc0J5UmVhc29uRW50cnkSGwoTY2hlY2twb2ludHNfY3JlYXRlZBgGIAEoBBIbChNjaGVja3BvaW50c19ldmljdGVkGAcgASgEEh8KF2NoZWNrcG9pbnRzX2ludmFsaWRhdGVkGAggASgEEhkKEXByZWZpeF9zdG9yZV9oaXRzGAkgASgEEhsKE3ByZWZpeF9zdG9yZV9taXNzZXMYCiABKAQSXgoccmVwcm9jZXNzZWRfdG9rZW5zX2J5X3JlYXNvbhgLIAMoCzI4Lmh5c2VydmUudjEuQ2FjaGVDb3VudGVycy5SZXByb2Nlc3NlZFRva2Vuc0J5UmVhc29uRW50cnkSHAoUcHJlZml4X3N0b3JlX2V2aWN0ZWQYDCABKAQSDwoHcmVwbGF5cxgNIAEoBBIXCg9yZXBsYXllZF90b2tlbnMYDiABKAQSHAoUaW5wdXRfYmxvY2tzX2V2aWN0ZWQYDyABKAQaPAoaRnVsbFJlcHJvY2Vzc0J5UmVhc29uRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ARpACh5SZXByb2Nlc3NlZFRva2Vuc0J5UmVhc29uRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ASISChBNb2RlbEluZm9SZXF1ZXN0IoYDChFNb2RlbEluZm9SZXNwb25zZRISCgptb2RlbF9wYXRoGAEgASgJEhIKCm1vZGVsX25hbWUYAiABKAkSFAoMYXJjaGl0ZWN0dXJlGAMgASgJEhIKCnZvY2FiX3NpemUYBCABKA0SFAoMY29udGV4dF9zaXplGAUgASgNEhMKC25fY3R4X3RyYWluGAYgASgNEhYKDnBhcmFsbGVsX3Nsb3RzGAcgASgNEhkKDGJvc190b2tlbl9pZBgIIAEoDUgAiAEBEhUKDWVvc190b2tlbl9pZHMYCSADKA0SGQoRaGFzX2NoYXRfdGVtcGxhdGUYCiABKAgSKwoLbWVtb3J5X2tpbmQYCyABKA4yFi5oeXNlcnZlLnYxLk1lbW9yeUtpbmQSFgoOc2VydmVyX3ZlcnNpb24YDCABKAkSDgoGZGV2aWNlGA0gASgJEhMKC2RldmljZV9uYW1lGA4gASgJEhQKDGdwdV9udW1lcmljcxgPIAEoCUIPCg1fYm9zX3Rva2VuX2lkKocBCg5Ub29sQ2hvaWNlTW9kZRIgChxUT09MX0NIT0lDRV9NT0RFX1VOU1BFQ0lGSUVEEAASGQoVVE9PTF9DSE9JQ0VfTU9ERV9BVVRPEAESGQoVVE9PTF9DSE9JQ0VfTU9ERV9OT05FEAISHQoZVE9PTF9DSE9JQ0VfTU9ERV9SRVFVSVJFRBADKpoBCgtSZXVzZVNvdXJjZRIcChhSRVVTRV9TT1VSQ0VfVU5TUEVDSUZJRUQQABIVChFSRVVTRV9TT1VSQ0VfTk9ORRABEhoKFlJFVVNFX1NPVVJDRV9TTE9UX0xJVkUQAhIbChdSRVVTRV9TT1VSQ0VfQ0hFQ0tQT0lOVBADEh0KGVJFVVNFX1NPVVJDRV9QUkVGSVhfU1RPUkUQBCr6AQoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIVChFGSU5JU0hfUkVBU09OX0VPUxABEh0KGUZJTklTSF9SRUFTT05fU1RPUF9TVFJJTkcQAhIcChhGSU5JU0hfUkVBU09OX1NUT1BfVE9LRU4QAxIcChhGSU5JU0hfUkVBU09OX01BWF9UT0tFTlMQBBIeChpGSU5JU0hfUkVBU09OX0NPTlRFWFRfRlVMTBAFEhsKF0ZJTklTSF9SRUFTT05fQ0FOQ0VMTEVEEAYSHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEAcqiQEKDENhbmNlbFN0YXR1cxIdChlDQU5DRUxfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGwoXQ0FOQ0VMX1NUQVRVU19DQU5DRUxMRUQQARIiCh5DQU5DRUxfU1RBVFVTX0FMUkVBRFlfRklOSVNIRUQQAhIZChVDQU5DRUxfU1RBVFVTX1BFTkRJTkcQAyp5CglTbG90U3RhdGUSGgoWU0xPVF9TVEFURV9VTlNQRUNJRklFRBAAEhMKD1NMT1RfU1RBVEVfSURMRRABEiAKHFNMT1RfU1RBVEVfUFJPQ0VTU0lOR19QUk9NUFQQAhIZChVTTE9UX1NUQVRFX0dFTkVSQVRJTkcQAyq4AQoOQ2hlY2twb2ludEtpbmQSHwobQ0hFQ0tQT0lOVF9LSU5EX1VOU1BFQ0lGSUVEEAASIQodQ0hFQ0tQT0lOVF9LSU5EX01FU1NBR0VfU1RBUlQQARIeChpDSEVDS1BPSU5UX0tJTkRfUFJPTVBUX0VORBACEiQKIENIRUNLUE9JTlRfS0lORF9DTElFTlRfUkVRVUVTVEVEEAMSHAoYQ0hFQ0tQT0lOVF9LSU5EX0lOVEVSVkFMEAQqnAEKCk1lbW9yeUtpbmQSGwoXTUVNT1JZX0tJTkRfVU5TUEVDSUZJRUQQABIeChpNRU1PUllfS0lORF9BVFRFTlRJT05fT05MWRABEh4KGk1FTU9SWV9LSU5EX1NMSURJTkdfV0lORE9XEAISGQoVTUVNT1JZX0tJTkRfUkVDVVJSRU5UEAMSFgoSTUVNT1JZX0tJTkRfSFlCUklEEAQysQIKDkh5c2VydmVTZXJ2aWNlEkcKCEdlbmVyYXRlEhsuaHlzZXJ2ZS52MS5HZW5lcmF0ZVJlcXVlc3QaHC5oeXNlcnZlLnYxLkdlbmVyYXRlUmVzcG9uc2UwARI/CgZDYW5jZWwSGS5oeXNlcnZlLnYxLkNhbmNlbFJlcXVlc3QaGi5oeXNlcnZlLnYxLkNhbmNlbFJlc3BvbnNlEksKCkNhY2hlU3RhdHMSHS5oeXNlcnZlLnYxLkNhY2hlU3RhdHNSZXF1ZXN0Gh4uaHlzZXJ2ZS52MS5DYWNoZVN0YXRzUmVzcG9uc2USSAoJTW9kZWxJbmZvEhwuaHlzZXJ2ZS52MS5Nb2RlbEluZm9SZXF1ZXN0Gh0uaHlzZXJ2ZS52MS5Nb2RlbEluZm9SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct]);
+  fileDesc("ChhoeXNlcnZlL3YxL2h5c2VydmUucHJvdG8SCmh5c2VydmUudjEihwMKD0dlbmVyYXRlUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiUKBHRleHQYAiABKAsyFS5oeXNlcnZlLnYxLlRleHRJbnB1dEgAEigKBnRva2VucxgDIAEoCzIWLmh5c2VydmUudjEuVG9rZW5JbnB1dEgAEiUKBGNoYXQYBCABKAsyFS5oeXNlcnZlLnYxLkNoYXRJbnB1dEgAEiwKCHNhbXBsaW5nGAUgASgLMhouaHlzZXJ2ZS52MS5TYW1wbGluZ1BhcmFtcxIuCghzdG9wcGluZxgGIAEoCzIcLmh5c2VydmUudjEuU3RvcHBpbmdDcml0ZXJpYRIQCghsb2dwcm9icxgHIAEoCBIUCgx0b3BfbG9ncHJvYnMYCCABKA0SJwoFY2FjaGUYCSABKAsyGC5oeXNlcnZlLnYxLkNhY2hlT3B0aW9ucxIzCgtzcGVjdWxhdGl2ZRgKIAEoCzIeLmh5c2VydmUudjEuU3BlY3VsYXRpdmVPcHRpb25zQgcKBWlucHV0IlwKElNwZWN1bGF0aXZlT3B0aW9ucxIUCgdlbmFibGVkGAEgASgISACIAQESFgoJbWF4X2RyYWZ0GAIgASgNSAGIAQFCCgoIX2VuYWJsZWRCDAoKX21heF9kcmFmdCJxCglUZXh0SW5wdXQSDAoEdGV4dBgBIAEoCRIYCgthZGRfc3BlY2lhbBgCIAEoCEgAiAEBEhoKDXBhcnNlX3NwZWNpYWwYAyABKAhIAYgBAUIOCgxfYWRkX3NwZWNpYWxCEAoOX3BhcnNlX3NwZWNpYWwiHwoKVG9rZW5JbnB1dBIRCgl0b2tlbl9pZHMYASADKA0i3wIKCUNoYXRJbnB1dBIpCghtZXNzYWdlcxgBIAMoCzIXLmh5c2VydmUudjEuQ2hhdE1lc3NhZ2USIgoVYWRkX2dlbmVyYXRpb25fcHJvbXB0GAIgASgISACIAQESNQoUY2hhdF90ZW1wbGF0ZV9rd2FyZ3MYAyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh8KBXRvb2xzGAQgAygLMhAuaHlzZXJ2ZS52MS5Ub29sEisKC3Rvb2xfY2hvaWNlGAUgASgLMhYuaHlzZXJ2ZS52MS5Ub29sQ2hvaWNlEiAKE3BhcmFsbGVsX3Rvb2xfY2FsbHMYBiABKAhIAYgBARIZCgxwYXJzZV9vdXRwdXQYByABKAhIAogBAUIYChZfYWRkX2dlbmVyYXRpb25fcHJvbXB0QhYKFF9wYXJhbGxlbF90b29sX2NhbGxzQg8KDV9wYXJzZV9vdXRwdXQiQgoEVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCSJWCgpUb29sQ2hvaWNlEioKBG1vZGUYASABKA4yGi5oeXNlcnZlLnYxLlRvb2xDaG9pY2VNb2RlSAASEgoIZnVuY3Rpb24YAiABKAlIAEIICgZjaG9pY2UiPAoIVG9vbENhbGwSCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCSLUAQoLQ2hhdE1lc3NhZ2USDAoEcm9sZRgBIAEoCRIPCgdjb250ZW50GAIgASgJEhEKBG5hbWUYAyABKAlIAIgBARIeChFyZWFzb25pbmdfY29udGVudBgEIAEoCUgBiAEBEigKCnRvb2xfY2FsbHMYBSADKAsyFC5oeXNlcnZlLnYxLlRvb2xDYWxsEhkKDHRvb2xfY2FsbF9pZBgGIAEoCUgCiAEBQgcKBV9uYW1lQhQKEl9yZWFzb25pbmdfY29udGVudEIPCg1fdG9vbF9jYWxsX2lkIv4CCg5TYW1wbGluZ1BhcmFtcxIYCgt0ZW1wZXJhdHVyZRgBIAEoAkgAiAEBEhIKBXRvcF9rGAIgASgFSAGIAQESEgoFdG9wX3AYAyABKAJIAogBARISCgVtaW5fcBgEIAEoAkgDiAEBEh8KEnJlcGV0aXRpb25fcGVuYWx0eRgFIAEoAkgEiAEBEh0KEHByZXNlbmNlX3BlbmFsdHkYBiABKAJIBYgBARIeChFmcmVxdWVuY3lfcGVuYWx0eRgHIAEoAkgGiAEBEhEKBHNlZWQYCCABKARIB4gBARIqCgpjb25zdHJhaW50GAkgASgLMhYuaHlzZXJ2ZS52MS5Db25zdHJhaW50Qg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX2tCCAoGX3RvcF9wQggKBl9taW5fcEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5QhMKEV9wcmVzZW5jZV9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUIHCgVfc2VlZCJmCgpDb25zdHJhaW50EhUKC2pzb25fc2NoZW1hGAEgASgJSAASFQoLanNvbl9vYmplY3QYAiABKAhIABIPCgVyZWdleBgDIAEoCUgAEhEKB2dyYW1tYXIYBCABKAlIAEIGCgRraW5kInwKEFN0b3BwaW5nQ3JpdGVyaWESFwoKbWF4X3Rva2VucxgBIAEoDUgAiAEBEhQKDHN0b3Bfc3RyaW5ncxgCIAMoCRIWCg5zdG9wX3Rva2VuX2lkcxgDIAMoDRISCgppZ25vcmVfZW9zGAQgASgIQg0KC19tYXhfdG9rZW5zIlYKDENhY2hlT3B0aW9ucxIZCgxjYWNoZV9wcm9tcHQYASABKAhIAIgBARIaChJjaGVja3BvaW50X29mZnNldHMYAiADKA1CDwoNX2NhY2hlX3Byb21wdCKTAQoQR2VuZXJhdGVSZXNwb25zZRIoCghhY2NlcHRlZBgBIAEoCzIULmh5c2VydmUudjEuQWNjZXB0ZWRIABIiCgVkZWx0YRgCIAEoCzIRLmh5c2VydmUudjEuRGVsdGFIABIoCghmaW5pc2hlZBgDIAEoCzIULmh5c2VydmUudjEuRmluaXNoZWRIAEIHCgVldmVudCK+AQoIQWNjZXB0ZWQSDwoHdGFza19pZBgBIAEoCRISCgpzbG90X2luZGV4GAIgASgNEhUKDXByb21wdF90b2tlbnMYAyABKA0SFQoNcmV1c2VkX3Rva2VucxgEIAEoDRItCgxyZXVzZV9zb3VyY2UYBSABKA4yFy5oeXNlcnZlLnYxLlJldXNlU291cmNlEhYKDm1hdGNoZWRfdG9rZW5zGAYgASgNEhgKEHJlcHJvY2Vzc19yZWFzb24YByABKAkilgEKBURlbHRhEhEKCXRva2VuX2lkcxgBIAMoDRIMCgR0ZXh0GAIgASgJEioKCGxvZ3Byb2JzGAMgAygLMhguaHlzZXJ2ZS52MS5Ub2tlbkxvZ3Byb2ISEQoJcmVhc29uaW5nGAQgASgJEi0KCnRvb2xfY2FsbHMYBSADKAsyGS5oeXNlcnZlLnYxLlRvb2xDYWxsRGVsdGEiVAoNVG9vbENhbGxEZWx0YRINCgVpbmRleBgBIAEoDRIKCgJpZBgCIAEoCRIMCgRuYW1lGAMgASgJEhoKEmFyZ3VtZW50c19mcmFnbWVudBgEIAEoCSJuCgxUb2tlbkxvZ3Byb2ISEAoIdG9rZW5faWQYASABKA0SDwoHbG9ncHJvYhgCIAEoAhINCgVwaWVjZRgDIAEoDBIsCgx0b3BfbG9ncHJvYnMYBCADKAsyFi5oeXNlcnZlLnYxLlRvcExvZ3Byb2IiPgoKVG9wTG9ncHJvYhIQCgh0b2tlbl9pZBgBIAEoDRIPCgdsb2dwcm9iGAIgASgCEg0KBXBpZWNlGAMgASgMIukBCghGaW5pc2hlZBIoCgZyZWFzb24YASABKA4yGC5oeXNlcnZlLnYxLkZpbmlzaFJlYXNvbhITCgtzdG9wX3N0cmluZxgCIAEoCRIaCg1zdG9wX3Rva2VuX2lkGAMgASgNSACIAQESIAoFdXNhZ2UYBCABKAsyES5oeXNlcnZlLnYxLlVzYWdlEiQKB3RpbWluZ3MYBSABKAsyEy5oeXNlcnZlLnYxLlRpbWluZ3MSKAoKdG9vbF9jYWxscxgGIAMoCzIULmh5c2VydmUudjEuVG9vbENhbGxCEAoOX3N0b3BfdG9rZW5faWQirQEKBVVzYWdlEhUKDXByb21wdF90b2tlbnMYASABKA0SHAoUY2FjaGVkX3Byb21wdF90b2tlbnMYAiABKA0SHwoXcHJvY2Vzc2VkX3Byb21wdF90b2tlbnMYAyABKA0SGQoRY29tcGxldGlvbl90b2tlbnMYBCABKA0SFAoMZHJhZnRfdG9rZW5zGAUgASgNEh0KFWFjY2VwdGVkX2RyYWZ0X3Rva2VucxgGIAEoDSJlCgdUaW1pbmdzEhAKCHF1ZXVlX21zGAEgASgBEhEKCXByb21wdF9tcxgCIAEoARIVCg1nZW5lcmF0aW9uX21zGAMgASgBEh4KFnRpbWVfdG9fZmlyc3RfdG9rZW5fbXMYBCABKAEiIAoNQ2FuY2VsUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjoKDkNhbmNlbFJlc3BvbnNlEigKBnN0YXR1cxgBIAEoDjIYLmh5c2VydmUudjEuQ2FuY2VsU3RhdHVzIhMKEUNhY2hlU3RhdHNSZXF1ZXN0IsQBChJDYWNoZVN0YXRzUmVzcG9uc2USJAoFc2xvdHMYASADKAsyFS5oeXNlcnZlLnYxLlNsb3RTdGF0cxIyCgxwcmVmaXhfc3RvcmUYAiABKAsyHC5oeXNlcnZlLnYxLlByZWZpeFN0b3JlU3RhdHMSKwoIY291bnRlcnMYAyABKAsyGS5oeXNlcnZlLnYxLkNhY2hlQ291bnRlcnMSJwoGbWVtb3J5GAQgASgLMhcuaHlzZXJ2ZS52MS5NZW1vcnlVc2FnZSI3CgtNZW1vcnlVc2FnZRIUCgxkZXZpY2VfYnl0ZXMYASABKAQSEgoKaG9zdF9ieXRlcxgCIAEoBCKZAQoJU2xvdFN0YXRzEg0KBWluZGV4GAEgASgNEiQKBXN0YXRlGAIgASgOMhUuaHlzZXJ2ZS52MS5TbG90U3RhdGUSDwoHdGFza19pZBgDIAEoCRIVCg1jYWNoZWRfdG9rZW5zGAQgASgNEi8KC2NoZWNrcG9pbnRzGAUgAygLMhouaHlzZXJ2ZS52MS5DaGVja3BvaW50SW5mbyJvCg5DaGVja3BvaW50SW5mbxIQCghwb3NpdGlvbhgBIAEoDRIoCgRraW5kGAIgASgOMhouaHlzZXJ2ZS52MS5DaGVja3BvaW50S2luZBINCgVieXRlcxgDIAEoBBISCgpoYXNfbG9naXRzGAQgASgIIkgKEFByZWZpeFN0b3JlU3RhdHMSDwoHZW50cmllcxgBIAEoDRINCgVieXRlcxgCIAEoBBIUCgxidWRnZXRfYnl0ZXMYAyABKAQisQUKDUNhY2hlQ291bnRlcnMSHgoWcHJvbXB0X3Rva2Vuc19yZWNlaXZlZBgBIAEoBBIcChRwcm9tcHRfdG9rZW5zX3JldXNlZBgCIAEoBBIfChdwcm9tcHRfdG9rZW5zX3Byb2Nlc3NlZBgDIAEoBBIQCghyZXN0b3JlcxgEIAEoBBJWChhmdWxsX3JlcHJvY2Vzc19ieV9yZWFzb24YBSADKAsyNC5oeXNlcnZlLnYxLkNhY2hlQ291bnRlcnMuRnVsbFJlcHJvY2Vzc0J5UmVhc29uRW50cnkSGwoTY2hlY2twb2ludHNfY3JlYXRlZBgGIAEoBBIbChNjaGVja3BvaW50c19ldmljdGVkGAcgASgEEh8KF2NoZWNrcG9pbnRzX2ludmFsaWRhdGVkGAggASgEEhkKEXByZWZpeF9zdG9yZV9oaXRzGAkgASgEEhsKE3ByZWZpeF9zdG9yZV9taXNzZXMYCiABKAQSXgoccmVwcm9jZXNzZWRfdG9rZW5zX2J5X3JlYXNvbhgLIAMoCzI4Lmh5c2VydmUudjEuQ2FjaGVDb3VudGVycy5SZXByb2Nlc3NlZFRva2Vuc0J5UmVhc29uRW50cnkSHAoUcHJlZml4X3N0b3JlX2V2aWN0ZWQYDCABKAQSDwoHcmVwbGF5cxgNIAEoBBIXCg9yZXBsYXllZF90b2tlbnMYDiABKAQSHAoUaW5wdXRfYmxvY2tzX2V2aWN0ZWQYDyABKAQaPAoaRnVsbFJlcHJvY2Vzc0J5UmVhc29uRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ARpACh5SZXByb2Nlc3NlZFRva2Vuc0J5UmVhc29uRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ASISChBNb2RlbEluZm9SZXF1ZXN0IoYDChFNb2RlbEluZm9SZXNwb25zZRISCgptb2RlbF9wYXRoGAEgASgJEhIKCm1vZGVsX25hbWUYAiABKAkSFAoMYXJjaGl0ZWN0dXJlGAMgASgJEhIKCnZvY2FiX3NpemUYBCABKA0SFAoMY29udGV4dF9zaXplGAUgASgNEhMKC25fY3R4X3RyYWluGAYgASgNEhYKDnBhcmFsbGVsX3Nsb3RzGAcgASgNEhkKDGJvc190b2tlbl9pZBgIIAEoDUgAiAEBEhUKDWVvc190b2tlbl9pZHMYCSADKA0SGQoRaGFzX2NoYXRfdGVtcGxhdGUYCiABKAgSKwoLbWVtb3J5X2tpbmQYCyABKA4yFi5oeXNlcnZlLnYxLk1lbW9yeUtpbmQSFgoOc2VydmVyX3ZlcnNpb24YDCABKAkSDgoGZGV2aWNlGA0gASgJEhMKC2RldmljZV9uYW1lGA4gASgJEhQKDGdwdV9udW1lcmljcxgPIAEoCUIPCg1fYm9zX3Rva2VuX2lkKocBCg5Ub29sQ2hvaWNlTW9kZRIgChxUT09MX0NIT0lDRV9NT0RFX1VOU1BFQ0lGSUVEEAASGQoVVE9PTF9DSE9JQ0VfTU9ERV9BVVRPEAESGQoVVE9PTF9DSE9JQ0VfTU9ERV9OT05FEAISHQoZVE9PTF9DSE9JQ0VfTU9ERV9SRVFVSVJFRBADKpoBCgtSZXVzZVNvdXJjZRIcChhSRVVTRV9TT1VSQ0VfVU5TUEVDSUZJRUQQABIVChFSRVVTRV9TT1VSQ0VfTk9ORRABEhoKFlJFVVNFX1NPVVJDRV9TTE9UX0xJVkUQAhIbChdSRVVTRV9TT1VSQ0VfQ0hFQ0tQT0lOVBADEh0KGVJFVVNFX1NPVVJDRV9QUkVGSVhfU1RPUkUQBCr6AQoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIVChFGSU5JU0hfUkVBU09OX0VPUxABEh0KGUZJTklTSF9SRUFTT05fU1RPUF9TVFJJTkcQAhIcChhGSU5JU0hfUkVBU09OX1NUT1BfVE9LRU4QAxIcChhGSU5JU0hfUkVBU09OX01BWF9UT0tFTlMQBBIeChpGSU5JU0hfUkVBU09OX0NPTlRFWFRfRlVMTBAFEhsKF0ZJTklTSF9SRUFTT05fQ0FOQ0VMTEVEEAYSHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEAcqiQEKDENhbmNlbFN0YXR1cxIdChlDQU5DRUxfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGwoXQ0FOQ0VMX1NUQVRVU19DQU5DRUxMRUQQARIiCh5DQU5DRUxfU1RBVFVTX0FMUkVBRFlfRklOSVNIRUQQAhIZChVDQU5DRUxfU1RBVFVTX1BFTkRJTkcQAyp5CglTbG90U3RhdGUSGgoWU0xPVF9TVEFURV9VTlNQRUNJRklFRBAAEhMKD1NMT1RfU1RBVEVfSURMRRABEiAKHFNMT1RfU1RBVEVfUFJPQ0VTU0lOR19QUk9NUFQQAhIZChVTTE9UX1NUQVRFX0dFTkVSQVRJTkcQAyq4AQoOQ2hlY2twb2ludEtpbmQSHwobQ0hFQ0tQT0lOVF9LSU5EX1VOU1BFQ0lGSUVEEAASIQodQ0hFQ0tQT0lOVF9LSU5EX01FU1NBR0VfU1RBUlQQARIeChpDSEVDS1BPSU5UX0tJTkRfUFJPTVBUX0VORBACEiQKIENIRUNLUE9JTlRfS0lORF9DTElFTlRfUkVRVUVTVEVEEAMSHAoYQ0hFQ0tQT0lOVF9LSU5EX0lOVEVSVkFMEAQqnAEKCk1lbW9yeUtpbmQSGwoXTUVNT1JZX0tJTkRfVU5TUEVDSUZJRUQQABIeChpNRU1PUllfS0lORF9BVFRFTlRJT05fT05MWRABEh4KGk1FTU9SWV9LSU5EX1NMSURJTkdfV0lORE9XEAISGQoVTUVNT1JZX0tJTkRfUkVDVVJSRU5UEAMSFgoSTUVNT1JZX0tJTkRfSFlCUklEEAQysQIKDkh5c2VydmVTZXJ2aWNlEkcKCEdlbmVyYXRlEhsuaHlzZXJ2ZS52MS5HZW5lcmF0ZVJlcXVlc3QaHC5oeXNlcnZlLnYxLkdlbmVyYXRlUmVzcG9uc2UwARI/CgZDYW5jZWwSGS5oeXNlcnZlLnYxLkNhbmNlbFJlcXVlc3QaGi5oeXNlcnZlLnYxLkNhbmNlbFJlc3BvbnNlEksKCkNhY2hlU3RhdHMSHS5oeXNlcnZlLnYxLkNhY2hlU3RhdHNSZXF1ZXN0Gh4uaHlzZXJ2ZS52MS5DYWNoZVN0YXRzUmVzcG9uc2USSAoJTW9kZWxJbmZvEhwuaHlzZXJ2ZS52MS5Nb2RlbEluZm9SZXF1ZXN0Gh0uaHlzZXJ2ZS52MS5Nb2RlbEluZm9SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct]);
 
 /**
  * GenerateRequest asks for one completion of one input.
@@ -107,6 +107,14 @@ export type GenerateRequest = Message<"hyserve.v1.GenerateRequest"> & {
    * @generated from field: hyserve.v1.CacheOptions cache = 9;
    */
   cache?: CacheOptions | undefined;
+
+  /**
+   * Speculative decoding for this request. Unset: the server's setting (`--spec`). The output is
+   * the same tokens either way: speculation only changes how many forwards produce them.
+   *
+   * @generated from field: hyserve.v1.SpeculativeOptions speculative = 10;
+   */
+  speculative?: SpeculativeOptions | undefined;
 };
 
 /**
@@ -115,6 +123,35 @@ export type GenerateRequest = Message<"hyserve.v1.GenerateRequest"> & {
  */
 export const GenerateRequestSchema: GenMessage<GenerateRequest> = /*@__PURE__*/
   messageDesc(file_hyserve_v1_hyserve, 0);
+
+/**
+ * SpeculativeOptions turns speculative decoding on or off for one request.
+ *
+ * @generated from message hyserve.v1.SpeculativeOptions
+ */
+export type SpeculativeOptions = Message<"hyserve.v1.SpeculativeOptions"> & {
+  /**
+   * Draft tokens by prompt lookup (n-grams of the prompt and the output) and verify several per
+   * forward. Unset: the server's setting. Requests with a constraint are never drafted for.
+   *
+   * @generated from field: optional bool enabled = 1;
+   */
+  enabled?: boolean | undefined;
+
+  /**
+   * At most this many drafted tokens per forward, 1-64. Unset: the server's `--spec-max-draft`.
+   *
+   * @generated from field: optional uint32 max_draft = 2;
+   */
+  maxDraft?: number | undefined;
+};
+
+/**
+ * Describes the message hyserve.v1.SpeculativeOptions.
+ * Use `create(SpeculativeOptionsSchema)` to create a new message.
+ */
+export const SpeculativeOptionsSchema: GenMessage<SpeculativeOptions> = /*@__PURE__*/
+  messageDesc(file_hyserve_v1_hyserve, 1);
 
 /**
  * TextInput is raw text to tokenize.
@@ -151,7 +188,7 @@ export type TextInput = Message<"hyserve.v1.TextInput"> & {
  * Use `create(TextInputSchema)` to create a new message.
  */
 export const TextInputSchema: GenMessage<TextInput> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 1);
+  messageDesc(file_hyserve_v1_hyserve, 2);
 
 /**
  * TokenInput is an already tokenized prompt.
@@ -172,7 +209,7 @@ export type TokenInput = Message<"hyserve.v1.TokenInput"> & {
  * Use `create(TokenInputSchema)` to create a new message.
  */
 export const TokenInputSchema: GenMessage<TokenInput> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 2);
+  messageDesc(file_hyserve_v1_hyserve, 3);
 
 /**
  * ChatInput is a conversation rendered with the model's chat template.
@@ -240,7 +277,7 @@ export type ChatInput = Message<"hyserve.v1.ChatInput"> & {
  * Use `create(ChatInputSchema)` to create a new message.
  */
 export const ChatInputSchema: GenMessage<ChatInput> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 3);
+  messageDesc(file_hyserve_v1_hyserve, 4);
 
 /**
  * Tool is one function the model may call.
@@ -276,7 +313,7 @@ export type Tool = Message<"hyserve.v1.Tool"> & {
  * Use `create(ToolSchema)` to create a new message.
  */
 export const ToolSchema: GenMessage<Tool> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 4);
+  messageDesc(file_hyserve_v1_hyserve, 5);
 
 /**
  * ToolChoice says whether the model must call a tool.
@@ -313,7 +350,7 @@ export type ToolChoice = Message<"hyserve.v1.ToolChoice"> & {
  * Use `create(ToolChoiceSchema)` to create a new message.
  */
 export const ToolChoiceSchema: GenMessage<ToolChoice> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 5);
+  messageDesc(file_hyserve_v1_hyserve, 6);
 
 /**
  * ToolCall is one call the model made (in Finished) or made earlier (in an assistant ChatMessage).
@@ -348,7 +385,7 @@ export type ToolCall = Message<"hyserve.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 6);
+  messageDesc(file_hyserve_v1_hyserve, 7);
 
 /**
  * ChatMessage is one turn of a conversation.
@@ -406,7 +443,7 @@ export type ChatMessage = Message<"hyserve.v1.ChatMessage"> & {
  * Use `create(ChatMessageSchema)` to create a new message.
  */
 export const ChatMessageSchema: GenMessage<ChatMessage> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 7);
+  messageDesc(file_hyserve_v1_hyserve, 8);
 
 /**
  * SamplingParams chooses the next token. Every field is optional; unset means the server default
@@ -490,7 +527,7 @@ export type SamplingParams = Message<"hyserve.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 8);
+  messageDesc(file_hyserve_v1_hyserve, 9);
 
 /**
  * Constraint is the language the output must belong to; exactly one kind is set.
@@ -544,7 +581,7 @@ export type Constraint = Message<"hyserve.v1.Constraint"> & {
  * Use `create(ConstraintSchema)` to create a new message.
  */
 export const ConstraintSchema: GenMessage<Constraint> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 9);
+  messageDesc(file_hyserve_v1_hyserve, 10);
 
 /**
  * StoppingCriteria says when generation ends. The first condition met wins.
@@ -588,7 +625,7 @@ export type StoppingCriteria = Message<"hyserve.v1.StoppingCriteria"> & {
  * Use `create(StoppingCriteriaSchema)` to create a new message.
  */
 export const StoppingCriteriaSchema: GenMessage<StoppingCriteria> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 10);
+  messageDesc(file_hyserve_v1_hyserve, 11);
 
 /**
  * CacheOptions controls how the request uses and feeds the prompt cache. The cache never changes
@@ -621,7 +658,7 @@ export type CacheOptions = Message<"hyserve.v1.CacheOptions"> & {
  * Use `create(CacheOptionsSchema)` to create a new message.
  */
 export const CacheOptionsSchema: GenMessage<CacheOptions> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 11);
+  messageDesc(file_hyserve_v1_hyserve, 12);
 
 /**
  * GenerateResponse is one event of a Generate stream.
@@ -666,7 +703,7 @@ export type GenerateResponse = Message<"hyserve.v1.GenerateResponse"> & {
  * Use `create(GenerateResponseSchema)` to create a new message.
  */
 export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 12);
+  messageDesc(file_hyserve_v1_hyserve, 13);
 
 /**
  * Accepted is sent once, when the task leaves the queue and is assigned a slot.
@@ -734,7 +771,7 @@ export type Accepted = Message<"hyserve.v1.Accepted"> & {
  * Use `create(AcceptedSchema)` to create a new message.
  */
 export const AcceptedSchema: GenMessage<Accepted> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 13);
+  messageDesc(file_hyserve_v1_hyserve, 14);
 
 /**
  * Delta carries newly generated tokens. Deltas never repeat earlier content: concatenating all
@@ -788,7 +825,7 @@ export type Delta = Message<"hyserve.v1.Delta"> & {
  * Use `create(DeltaSchema)` to create a new message.
  */
 export const DeltaSchema: GenMessage<Delta> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 14);
+  messageDesc(file_hyserve_v1_hyserve, 15);
 
 /**
  * ToolCallDelta is a piece of one tool call being generated, in OpenAI's streaming shape: the
@@ -832,7 +869,7 @@ export type ToolCallDelta = Message<"hyserve.v1.ToolCallDelta"> & {
  * Use `create(ToolCallDeltaSchema)` to create a new message.
  */
 export const ToolCallDeltaSchema: GenMessage<ToolCallDelta> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 15);
+  messageDesc(file_hyserve_v1_hyserve, 16);
 
 /**
  * TokenLogprob is the log-probability of one sampled token and its most likely alternatives.
@@ -874,7 +911,7 @@ export type TokenLogprob = Message<"hyserve.v1.TokenLogprob"> & {
  * Use `create(TokenLogprobSchema)` to create a new message.
  */
 export const TokenLogprobSchema: GenMessage<TokenLogprob> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 16);
+  messageDesc(file_hyserve_v1_hyserve, 17);
 
 /**
  * TopLogprob is one alternative token at a position.
@@ -909,7 +946,7 @@ export type TopLogprob = Message<"hyserve.v1.TopLogprob"> & {
  * Use `create(TopLogprobSchema)` to create a new message.
  */
 export const TopLogprobSchema: GenMessage<TopLogprob> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 17);
+  messageDesc(file_hyserve_v1_hyserve, 18);
 
 /**
  * Finished is the last event of every Generate stream that is not aborted by the client.
@@ -966,7 +1003,7 @@ export type Finished = Message<"hyserve.v1.Finished"> & {
  * Use `create(FinishedSchema)` to create a new message.
  */
 export const FinishedSchema: GenMessage<Finished> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 18);
+  messageDesc(file_hyserve_v1_hyserve, 19);
 
 /**
  * Usage counts the tokens of one task.
@@ -1001,6 +1038,20 @@ export type Usage = Message<"hyserve.v1.Usage"> & {
    * @generated from field: uint32 completion_tokens = 4;
    */
   completionTokens: number;
+
+  /**
+   * Tokens speculative decoding drafted for this task (0 without speculation).
+   *
+   * @generated from field: uint32 draft_tokens = 5;
+   */
+  draftTokens: number;
+
+  /**
+   * Drafted tokens the model's own sampling agreed with: each saved a forward.
+   *
+   * @generated from field: uint32 accepted_draft_tokens = 6;
+   */
+  acceptedDraftTokens: number;
 };
 
 /**
@@ -1008,7 +1059,7 @@ export type Usage = Message<"hyserve.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 19);
+  messageDesc(file_hyserve_v1_hyserve, 20);
 
 /**
  * Timings are wall-clock durations of one task in milliseconds.
@@ -1050,7 +1101,7 @@ export type Timings = Message<"hyserve.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 20);
+  messageDesc(file_hyserve_v1_hyserve, 21);
 
 /**
  * CancelRequest names the task to stop.
@@ -1073,7 +1124,7 @@ export type CancelRequest = Message<"hyserve.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 21);
+  messageDesc(file_hyserve_v1_hyserve, 22);
 
 /**
  * CancelResponse says what Cancel did.
@@ -1094,7 +1145,7 @@ export type CancelResponse = Message<"hyserve.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 22);
+  messageDesc(file_hyserve_v1_hyserve, 23);
 
 /**
  * CacheStatsRequest asks for a snapshot of the cache. No fields yet.
@@ -1109,7 +1160,7 @@ export type CacheStatsRequest = Message<"hyserve.v1.CacheStatsRequest"> & {
  * Use `create(CacheStatsRequestSchema)` to create a new message.
  */
 export const CacheStatsRequestSchema: GenMessage<CacheStatsRequest> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 23);
+  messageDesc(file_hyserve_v1_hyserve, 24);
 
 /**
  * CacheStatsResponse is a snapshot of the prompt cache and its cumulative counters.
@@ -1151,7 +1202,7 @@ export type CacheStatsResponse = Message<"hyserve.v1.CacheStatsResponse"> & {
  * Use `create(CacheStatsResponseSchema)` to create a new message.
  */
 export const CacheStatsResponseSchema: GenMessage<CacheStatsResponse> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 24);
+  messageDesc(file_hyserve_v1_hyserve, 25);
 
 /**
  * MemoryUsage is the memory the slots and the prompt cache hold, by where it lives.
@@ -1181,7 +1232,7 @@ export type MemoryUsage = Message<"hyserve.v1.MemoryUsage"> & {
  * Use `create(MemoryUsageSchema)` to create a new message.
  */
 export const MemoryUsageSchema: GenMessage<MemoryUsage> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 25);
+  messageDesc(file_hyserve_v1_hyserve, 26);
 
 /**
  * SlotStats describes one slot.
@@ -1230,7 +1281,7 @@ export type SlotStats = Message<"hyserve.v1.SlotStats"> & {
  * Use `create(SlotStatsSchema)` to create a new message.
  */
 export const SlotStatsSchema: GenMessage<SlotStats> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 26);
+  messageDesc(file_hyserve_v1_hyserve, 27);
 
 /**
  * CheckpointInfo describes one saved copy of a slot's non-truncatable state (recurrent state,
@@ -1274,7 +1325,7 @@ export type CheckpointInfo = Message<"hyserve.v1.CheckpointInfo"> & {
  * Use `create(CheckpointInfoSchema)` to create a new message.
  */
 export const CheckpointInfoSchema: GenMessage<CheckpointInfo> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 27);
+  messageDesc(file_hyserve_v1_hyserve, 28);
 
 /**
  * PrefixStoreStats describes the shared host-memory store of states keyed by token prefix.
@@ -1309,7 +1360,7 @@ export type PrefixStoreStats = Message<"hyserve.v1.PrefixStoreStats"> & {
  * Use `create(PrefixStoreStatsSchema)` to create a new message.
  */
 export const PrefixStoreStatsSchema: GenMessage<PrefixStoreStats> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 28);
+  messageDesc(file_hyserve_v1_hyserve, 29);
 
 /**
  * CacheCounters are cumulative counts since the server started. They only increase.
@@ -1436,7 +1487,7 @@ export type CacheCounters = Message<"hyserve.v1.CacheCounters"> & {
  * Use `create(CacheCountersSchema)` to create a new message.
  */
 export const CacheCountersSchema: GenMessage<CacheCounters> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 29);
+  messageDesc(file_hyserve_v1_hyserve, 30);
 
 /**
  * ModelInfoRequest asks for the model description. No fields yet.
@@ -1451,7 +1502,7 @@ export type ModelInfoRequest = Message<"hyserve.v1.ModelInfoRequest"> & {
  * Use `create(ModelInfoRequestSchema)` to create a new message.
  */
 export const ModelInfoRequestSchema: GenMessage<ModelInfoRequest> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 30);
+  messageDesc(file_hyserve_v1_hyserve, 31);
 
 /**
  * ModelInfoResponse describes the loaded model and the server.
@@ -1574,7 +1625,7 @@ export type ModelInfoResponse = Message<"hyserve.v1.ModelInfoResponse"> & {
  * Use `create(ModelInfoResponseSchema)` to create a new message.
  */
 export const ModelInfoResponseSchema: GenMessage<ModelInfoResponse> = /*@__PURE__*/
-  messageDesc(file_hyserve_v1_hyserve, 31);
+  messageDesc(file_hyserve_v1_hyserve, 32);
 
 /**
  * ToolChoiceMode: how free the model is to call tools.
