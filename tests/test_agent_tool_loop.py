@@ -26,6 +26,7 @@ from chat_templates import QWEN35_TEMPLATE
 from fixtures import make_models
 from server_process import free_port, running_server
 
+from hyserve.api.anthropic_http.requests import parse_messages
 from hyserve.api.openai_http.requests import parse_chat
 from hyserve.api.validation import prompt_tokens
 from hyserve.chat import parse_chat_output
@@ -146,25 +147,40 @@ def test_openai_tool_loop_with_required_calls_reuses_the_cache_every_turn(served
         ]
 
 
-def test_anthropic_tool_loop_with_required_calls(served: Served) -> None:
+def test_anthropic_tool_loop_with_required_calls_reuses_the_cache_every_turn(served: Served) -> None:
     client = anthropic.Anthropic(base_url=served.base, api_key="unused", timeout=300, max_retries=0)
+    ledger = Ledger(served.model)
     tools = [{"name": "get_weather", "description": "A forecast.", "input_schema": WEATHER}]
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather this week?"}]
-    for turn in range(4):
-        reply = client.messages.create(
-            model="m",
-            max_tokens=96,
-            system="You call tools.",
-            messages=messages,
-            tools=tools,
-            tool_choice={"type": "any", "disable_parallel_tool_use": True},
-            extra_body={"temperature": 0, "chat_template_kwargs": NO_THINKING},
-        )
+    previous_prompt = 0
+    for turn in range(TURNS):
+        body = {
+            "model": "m",
+            "max_tokens": 96,
+            "system": "You call tools.",
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+            "temperature": 0,
+            "chat_template_kwargs": NO_THINKING,
+        }
+        generate = parse_messages(body, "t").generate
+        prompt, _ = prompt_tokens(generate, served.model.tokenizer, served.model.chat_template)
+        expected = ledger.minimum(prompt)
+        extra = {k: body[k] for k in ("temperature", "chat_template_kwargs")}
+        kwargs = {k: v for k, v in body.items() if k not in extra}
+        reply = client.messages.create(**kwargs, extra_body=extra)
         assert reply.stop_reason == "tool_use", turn
         (use,) = [b for b in reply.content if b.type == "tool_use"]
         jsonschema.validate(use.input, WEATHER)
-        if turn:
-            assert reply.usage.cache_read_input_tokens > 0
+        # Anthropic's usage: input_tokens evaluated, cache_read_input_tokens reused from the cache
+        assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == len(prompt)
+        # at most the tokens after the previous prompt: the Messages API returns no token ids, so
+        # the ledger knows the prompts only (the server may also reuse the answer it generated)
+        assert reply.usage.input_tokens <= expected, (turn, reply.usage)
+        assert reply.usage.cache_read_input_tokens >= previous_prompt, "the cache did not survive the tool turn"
+        previous_prompt = len(prompt)
+        ledger.record(prompt, [])
         messages += [
             {
                 "role": "assistant",
