@@ -1,7 +1,8 @@
 """The Go (clients/go) and TypeScript (clients/typescript) clients: generated code equal to what
 `buf generate` makes now, `buf breaking` against main's proto, and their live test suites run
 against one real `hyserve serve` (Gemma 3 270M, two slots) with the Python client's greedy output
-as the reference.
+as the reference; their tool-call tests run against a second one (the tiny hybrid model with a
+Qwen3.5-style template that renders tools).
 
 Toolchains: go and node/npm on PATH, buf and the protoc-gen-go plugins in ~/go/bin, and
 clients/typescript/node_modules (all installed by `.ci/install.sh --test`); a test whose toolchain
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from chat_templates import QWEN35_TEMPLATE
+from fixtures import make_models
 from server_process import running_server
 
 from hyserve_client import Delta, HyserveClient
@@ -154,7 +157,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 def test_go_client_live(live: Live) -> None:
     need("go")
-    output = run(["go", "test", "-count=1", "-v", "-skip", GO_CONSTRAINT_TESTS, "./..."], GO_DIR, env=live.env)
+    skip = f"{GO_CONSTRAINT_TESTS}|{GO_TOOL_TESTS}"
+    output = run(["go", "test", "-count=1", "-v", "-skip", skip, "./..."], GO_DIR, env=live.env)
     for name in (
         "TestStreamedGenerationEqualsPythonClient",
         "TestCancelRunningTask",
@@ -183,6 +187,7 @@ def test_typescript_client_live(live: Live) -> None:
     run(["npm", "run", "build", "--silent"], TS_DIR)
     suites = sorted(str(p.relative_to(TS_DIR)) for p in (TS_DIR / "dist" / "test").glob("*.test.js"))
     suites.remove(TS_CONSTRAINT_TESTS)
+    suites.remove(TS_TOOL_TESTS)
     output = run(["node", "--test", *suites], TS_DIR, env=live.env)
     assert "# fail 0" in output and "# skipped 0" in output and "# pass 9" in output, output[-4000:]
     assert live.cancelled_by_client("ts-abort-task"), "the aborted TypeScript stream's task was not cancelled"
@@ -234,4 +239,41 @@ def test_json_schema_constraint_live(live: Live, client: str) -> None:
             pytest.skip("clients/typescript/node_modules missing (npm ci)")
         run(["npm", "run", "build", "--silent"], TS_DIR)
         output = run(["node", "--test", TS_CONSTRAINT_TESTS], TS_DIR, env=live.env)
+        assert "# fail 0" in output and "# skipped 0" in output and "# pass 1" in output, output[-4000:]
+
+
+# --- a tool call through Generate, from each client -----------------------------------------------
+
+GO_TOOL_TESTS = "TestToolCallRoundTrip"
+TS_TOOL_TESTS = "dist/test/tools.test.js"
+
+
+@pytest.fixture(scope="module")
+def tools_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server whose chat template renders tools: the tiny hybrid model (random weights), whose
+    required calls constrained decoding keeps valid."""
+    tmp = tmp_path_factory.mktemp("client-tools")
+    template = tmp / "qwen35.jinja"
+    template.write_text(QWEN35_TEMPLATE)
+    path: Path = make_models.write_model(tmp / "qwen35.gguf", "qwen35", qtype="q8_0")
+    args = ["--model", str(path), "--chat-template", str(template), "--parallel", "1", "--ctx-size", "2048"]
+    with running_server(tmp / "server.log", *args, "--threads", "1") as target:
+        yield target
+
+
+@pytest.mark.parametrize("client", ["go", "typescript"])
+def test_tool_call_live(tools_target: str, client: str) -> None:
+    """Each client gets one required get_weather call, streamed and complete, and sends it back with
+    its result for a second turn."""
+    env = tool_env() | {"HYSERVE_TOOLS_TARGET": tools_target}
+    if client == "go":
+        need("go")
+        output = run(["go", "test", "-count=1", "-v", "-run", f"^{GO_TOOL_TESTS}$", "./hyserve"], GO_DIR, env)
+        assert f"--- PASS: {GO_TOOL_TESTS}" in output, output[-4000:]
+    else:
+        need("node", "npm")
+        if not (TS_DIR / "node_modules").exists():
+            pytest.skip("clients/typescript/node_modules missing (npm ci)")
+        run(["npm", "run", "build", "--silent"], TS_DIR)
+        output = run(["node", "--test", TS_TOOL_TESTS], TS_DIR, env=env)
         assert "# fail 0" in output and "# skipped 0" in output and "# pass 1" in output, output[-4000:]
