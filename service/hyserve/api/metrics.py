@@ -140,6 +140,16 @@ class StatsCollector(Collector):
         yield counter("prefix_store_hits", "Store lookups that found a usable entry.", c.prefix_store_hits)
         yield counter("prefix_store_misses", "Store lookups that found nothing usable.", c.prefix_store_misses)
         yield counter("prefix_store_evicted", "Store entries dropped for the byte budget.", c.prefix_store_evicted)
+        yield counter("disk_cache_hits", "Disk-tier entries restored into a slot.", c.disk_cache_hits)
+        yield counter("disk_cache_writes", "Entries written to the disk tier.", c.disk_cache_writes)
+        yield counter(
+            "disk_cache_evicted", "Disk-tier files deleted for the byte budget or subsumed.", c.disk_cache_evicted
+        )
+        yield counter(
+            "disk_cache_rejected",
+            "Disk-tier files skipped: corrupt, truncated, another format version or another model.",
+            c.disk_cache_rejected,
+        )
         yield counter("cache_replays", "Resumes that replayed kept per-token inputs.", c.replays)
         yield counter("cache_replayed_tokens", "Positions reached by replays (no forward pass).", c.replayed_tokens)
         yield counter(

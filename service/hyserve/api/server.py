@@ -95,6 +95,8 @@ class ServeConfig:
     checkpoint_memory_mib: int = 1024
     checkpoint_interval: int = 1024
     cache_memory_mib: int = 2048
+    cache_dir: str | None = None  # the prefix store's disk tier (with cache_disk_bytes)
+    cache_disk_bytes: int = 0
     replay_memory_mib: int = 1024
     metrics_port: int | None = None
     swa_cache: str = "full"
@@ -136,6 +138,8 @@ class ServeConfig:
             checkpoint_memory_mib=args.checkpoint_memory,
             checkpoint_interval=args.checkpoint_interval,
             cache_memory_mib=args.cache_memory,
+            cache_dir=args.cache_dir,
+            cache_disk_bytes=args.cache_disk_bytes,
             replay_memory_mib=args.replay_memory,
             metrics_port=args.metrics_port,
             swa_cache=args.swa_cache,
@@ -178,6 +182,19 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         "--cache-memory", type=int, default=2048, metavar="MIB", help="host-memory prefix store budget (0: off)"
     )
     p.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="PATH",
+        help="directory of the prefix store's disk tier (with --cache-disk-bytes)",
+    )
+    p.add_argument(
+        "--cache-disk-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="byte budget of the disk tier, least recently used files go first (0: off)",
+    )
+    p.add_argument(
         "--http-port", type=int, default=None, help="also serve the OpenAI-compatible HTTP API on this port (0: any)"
     )
     p.add_argument(
@@ -216,7 +233,14 @@ def run_serve(args: argparse.Namespace) -> int:
     for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk", "spec_max_draft"):
         if getattr(config, name) < 1:
             raise SystemExit(f"hyserve serve: --{name.replace('_', '-')} must be >= 1")
-    for name in ("queue_size", "checkpoint_memory_mib", "checkpoint_interval", "cache_memory_mib", "replay_memory_mib"):
+    for name in (
+        "queue_size",
+        "checkpoint_memory_mib",
+        "checkpoint_interval",
+        "cache_memory_mib",
+        "replay_memory_mib",
+        "cache_disk_bytes",
+    ):
         if getattr(config, name) < 0:
             flag = name.removesuffix("_mib").replace("_", "-")
             raise SystemExit(f"hyserve serve: --{flag} must be >= 0")
@@ -270,6 +294,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
 
     from hyserve.engine.engine import Engine, EngineConfig
     from hyserve.engine.speculative import SpecConfig
+    from hyserve.engine.store_tiers.identity import model_fingerprint
     from hyserve.model.architectures.base import Logits, Segment
     from hyserve.model.loader import load_model
 
@@ -294,6 +319,9 @@ def load_runtime(config: ServeConfig) -> Runtime:
             checkpoint_memory=config.checkpoint_memory_mib << 20,
             checkpoint_interval=config.checkpoint_interval,
             cache_memory=config.cache_memory_mib << 20,
+            cache_dir=config.cache_dir,
+            cache_disk_bytes=config.cache_disk_bytes,
+            model_identity=model_fingerprint(config.model) if config.cache_dir else "",
             replay_memory=config.replay_memory_mib << 20,
             window_ring=config.swa_cache == "ring",
             max_queued_prompt_tokens=config.queued_prompt_tokens,

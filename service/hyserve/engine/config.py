@@ -21,6 +21,9 @@ class EngineConfig:
     checkpoint_interval: int = 1024  # also checkpoint every this many tokens of a long prompt (0: off)
     cache_memory: int = 2 << 30  # bytes of the host-memory prefix store (0: off)
     replay_memory: int = 1 << 30  # bytes of kept per-token inputs of all slots, for exact resumes (0: off)
+    cache_dir: str | None = None  # the prefix store's disk tier (None: off)
+    cache_disk_bytes: int = 0  # byte budget of the disk tier's files (0: off)
+    model_identity: str = ""  # names the model file and build in disk entries (store_tiers.format)
     window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
     max_queued_prompt_tokens: int = 0  # prompt tokens all waiting tasks may hold together (0: no limit)
     check_invariants: bool = False  # test hook: verify I1-I3 after every iteration (doubles the model work)
@@ -41,5 +44,7 @@ class EngineConfig:
             raise ValueError("prompt_chunk must be >= 1")
         if min(self.checkpoint_memory, self.cache_memory, self.checkpoint_interval, self.replay_memory) < 0:
             raise ValueError("checkpoint_memory, cache_memory, checkpoint_interval and replay_memory must be >= 0")
+        if self.cache_disk_bytes < 0:
+            raise ValueError("cache_disk_bytes must be >= 0")
         if self.constraint_masks not in ("auto", "background", "inline"):
             raise ValueError("constraint_masks must be auto, background or inline")

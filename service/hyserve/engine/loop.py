@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from dataclasses import replace
+from importlib import metadata
 
 import hyserve_kernels
 import numpy as np
@@ -50,6 +52,7 @@ from hyserve.engine.slot import Run, Slot
 from hyserve.engine.spec_step import SpecStep
 from hyserve.engine.stats import StoreSnapshot, memory_usage, slot_snapshots
 from hyserve.engine.stop import StopCheck, StopDecision
+from hyserve.engine.store_tiers import DiskTier
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -69,6 +72,13 @@ __all__ = ["EngineLoop"]
 log = structlog.get_logger(__name__)
 
 
+def _kernels_version() -> str:
+    try:
+        return metadata.version("hyserve-kernels")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class EngineLoop:
     """Owns the slots and the prefix store; only the engine thread calls into it."""
 
@@ -79,11 +89,24 @@ class EngineLoop:
         self.shared = shared
         self.slots = [Slot(i, self._new_memory()) for i in range(config.n_slots)]
         self.store = PrefixStore(config.cache_memory)
+        self.disk = self._open_disk_tier()
         self._admissions = 0
         self._checker = InvariantChecker(arch, config.n_ctx) if config.check_invariants else None
         self._spec = SpecStep(arch, config, shared, tokenizer.is_eog, self._after_token, self._sampling_error)
         shared.snapshot = slot_snapshots(self.slots)
         shared.store_snapshot = StoreSnapshot(0, 0, self.store.budget)
+
+    def _open_disk_tier(self) -> DiskTier | None:
+        c = self.config
+        if not c.cache_dir or c.cache_disk_bytes <= 0:
+            return None
+        # the file, the architecture, where the math runs and the kernels' build decide the bits
+        identity = "|".join((c.model_identity, self.arch.name, self.arch.ops.name, _kernels_version()))
+        return DiskTier(c.cache_dir, c.cache_disk_bytes, identity, self.shared.count)
+
+    @property
+    def _stash_enabled(self) -> bool:
+        return self.store.enabled or self.disk is not None
 
     def _new_memory(self) -> SequenceMemory:
         memory = self.arch.new_memory(self.config.n_ctx)
@@ -113,6 +136,11 @@ class EngineLoop:
         for slot in self.slots:
             if slot.run is not None:
                 self._finish(slot.run, FinishReason.CANCELLED)
+        if self.disk is not None:  # what the slots hold survives a restart
+            for slot in self.slots:
+                if slot.tokens:
+                    self.disk.put(self._export(slot))
+            self.disk.close()
         self._publish()
         log.info("engine_stopped")
 
@@ -168,12 +196,17 @@ class EngineLoop:
             return []
         with self.shared.lock:
             queued = list(self.shared.queue)
+            # host entries first: on a tie the plan keeps the earlier candidate
             store = self.store.candidates() if self.store.enabled else []
+            store += self.disk.candidates() if self.disk is not None else []
+            prompts = [
+                QueuedPrompt(t.prompt, t.cache_prompt, t.message_boundaries, t.checkpoint_offsets) for t in queued
+            ]
             plan = plan_admissions(
-                [QueuedPrompt(t.prompt, t.cache_prompt, t.message_boundaries, t.checkpoint_offsets) for t in queued],
+                prompts,
                 [s.candidate() for s in free],
                 store,
-                store_enabled=self.store.enabled,
+                store_enabled=self._stash_enabled,
                 checkpoint_interval=self.config.checkpoint_interval,
             )
             tasks = [self.shared.queue.pop() for _ in plan]
@@ -181,7 +214,23 @@ class EngineLoop:
                 task.state = TaskState.RUNNING
         now = time.perf_counter()
         # hold the planned store entries first: stashing a slot for one admission may evict them
-        entries = {a.store_key: self.store.get(a.store_key) for a in plan if a.store_key is not None}
+        entries: dict[int, StoredSequence] = {}
+        for i, a in enumerate(plan):
+            if a.store_key is None:
+                continue
+            entry = self.store.get(a.store_key) if a.store_key >= 0 else self._read_disk(a.store_key)
+            if entry is None:  # an unreadable disk entry: plan this prompt again without it
+                plan[i] = replace(
+                    plan_admissions(
+                        [prompts[a.queue_pos]],
+                        [self.slots[a.slot].candidate()],
+                        store_enabled=self._stash_enabled,
+                        checkpoint_interval=self.config.checkpoint_interval,
+                    )[0],
+                    queue_pos=a.queue_pos,
+                )
+            else:
+                entries[a.store_key] = entry
         admitted: list[Run] = []
         for task, a in zip(tasks, plan):
             try:
@@ -218,7 +267,7 @@ class EngineLoop:
             self._stash(slot)
         if entry is not None:
             first_logits = self._load_from_store(slot, entry, plan)
-            if admission.discard_entry:  # the slot now holds all of it
+            if admission.discard_entry and entry.key >= 0:  # the slot now holds all of it (disk files stay)
                 self.store.discard(entry.key)
         else:
             if admission.store_miss:
@@ -291,11 +340,31 @@ class EngineLoop:
         self.shared.count(checkpoints_invalidated=len(dropped), restores=1, prefix_store_hits=1)
         return cp.logits if cp is not None and plan.from_logits else None
 
+    def _read_disk(self, key: int) -> StoredSequence | None:
+        """A disk entry, read on the engine thread (None: unreadable, already logged and counted)."""
+        if self.disk is None:
+            return None
+        entry = self.disk.load(key)
+        if entry is not None:
+            entry.key = key
+        return entry
+
     def _stash(self, slot: Slot) -> None:
-        """Copy a slot's whole state (memory + checkpoints) to the prefix store before it is overwritten."""
-        if not self.store.enabled or not slot.tokens:
+        """Copy a slot's whole state (memory + checkpoints) to the prefix store before it is
+        overwritten, and queue it for the disk tier."""
+        if not self._stash_enabled or not slot.tokens:
             return
-        entry = StoredSequence(
+        entry = self._export(slot)
+        if self.disk is not None:
+            self.disk.put(entry)
+        if not self.store.enabled:
+            return
+        stored, evicted = self.store.put(entry)
+        self.shared.count(prefix_store_evicted=evicted)
+        log.info("slot_stashed", slot=slot.index, tokens=len(entry.tokens), bytes=entry.nbytes, stored=stored)
+
+    def _export(self, slot: Slot) -> StoredSequence:
+        return StoredSequence(
             tuple(slot.tokens),
             slot.memory.export(),
             # host copies: a GPU slot's checkpoints hold device states
@@ -303,9 +372,6 @@ class EngineLoop:
             0 if slot.memory.truncatable else len(slot.tokens),  # the image keeps only the end's state
             slot.log.up_to(len(slot.tokens)),
         )
-        stored, evicted = self.store.put(entry)
-        self.shared.count(prefix_store_evicted=evicted)
-        log.info("slot_stashed", slot=slot.index, tokens=len(entry.tokens), bytes=entry.nbytes, stored=stored)
 
     def _take_checkpoint(self, run: Run, kind: CheckpointKind, logits: np.ndarray | None) -> None:
         slot = run.slot

@@ -64,6 +64,10 @@ class EngineCounters:
     prefix_store_hits: int = 0
     prefix_store_misses: int = 0
     prefix_store_evicted: int = 0
+    disk_cache_hits: int = 0  # disk-tier entries restored into a slot
+    disk_cache_writes: int = 0  # entries written to the disk tier
+    disk_cache_evicted: int = 0  # disk-tier files deleted for the byte budget or subsumed
+    disk_cache_rejected: int = 0  # disk-tier files skipped: corrupt, truncated, other version or model
     replays: int = 0  # resumes that replayed kept inputs
     replayed_tokens: int = 0  # positions advanced by those replays (no forward pass)
     input_blocks_evicted: int = 0  # blocks of kept inputs dropped for the byte budget
