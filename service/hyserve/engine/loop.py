@@ -100,8 +100,10 @@ class EngineLoop:
         c = self.config
         if not c.cache_dir or c.cache_disk_bytes <= 0:
             return None
-        # the file, the architecture, where the math runs and the kernels' build decide the bits
-        identity = "|".join((c.model_identity, self.arch.name, self.arch.ops.name, _kernels_version()))
+        # the file, the architecture, where the math runs and the kernels' build decide the bits;
+        # ring-buffer window layers keep no full KV in an entry: their entries fit ring memory only
+        parts = (c.model_identity, self.arch.name, self.arch.ops.name, _kernels_version(), str(c.window_ring))
+        identity = "|".join(parts)
         return DiskTier(c.cache_dir, c.cache_disk_bytes, identity, self.shared.count)
 
     @property
