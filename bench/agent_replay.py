@@ -103,7 +103,7 @@ QUESTIONS = [
 ANSWERS = [
     "In cache_plan.plan_admissions: it compares the resume point on every free slot and store entry.",
     "choose_evictions drops older turns first, interval checkpoints before message boundaries.",
-    "Engine._stash copies it to the prefix store, keyed by its tokens, before the slot is reused.",
+    "the engine (StateStash.put) copies it to the prefix store, keyed by its tokens, before the slot is reused.",
     "Yes: tests/test_cache_transparency.py runs 500 hypothesis examples against a cache-free engine.",
 ]
 

@@ -23,7 +23,6 @@ import os
 import time
 from collections import deque
 from dataclasses import replace
-from importlib import metadata
 
 import hyserve_kernels
 import numpy as np
@@ -40,19 +39,19 @@ from hyserve.engine.cache_plan import (
     choose_log_evictions,
     plan_admissions,
 )
-from hyserve.engine.checkpoints import Checkpoint, CheckpointList
+from hyserve.engine.checkpoints import Checkpoint
 from hyserve.engine.config import EngineConfig
 from hyserve.engine.constraints import ConstraintViolation, TokenMatcher, background_masks
 from hyserve.engine.guards import InvariantError, require
 from hyserve.engine.invariants import InvariantChecker
-from hyserve.engine.prefix_store import PrefixStore, StoredSequence
+from hyserve.engine.prefix_store import StoredSequence
 from hyserve.engine.scheduler import SlotWork, compose_batch
 from hyserve.engine.shared import Shared
 from hyserve.engine.slot import Run, Slot
 from hyserve.engine.spec_step import SpecStep
+from hyserve.engine.stash import StateStash
 from hyserve.engine.stats import StoreSnapshot, memory_usage, slot_snapshots
 from hyserve.engine.stop import StopCheck, StopDecision
-from hyserve.engine.store_tiers import DiskTier
 from hyserve.engine.task import (
     AcceptedEvent,
     DeltaEvent,
@@ -72,13 +71,6 @@ __all__ = ["EngineLoop"]
 log = structlog.get_logger(__name__)
 
 
-def _kernels_version() -> str:
-    try:
-        return metadata.version("hyserve-kernels")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 class EngineLoop:
     """Owns the slots and the prefix store; only the engine thread calls into it."""
 
@@ -88,27 +80,13 @@ class EngineLoop:
         self.config = config
         self.shared = shared
         self.slots = [Slot(i, self._new_memory()) for i in range(config.n_slots)]
-        self.store = PrefixStore(config.cache_memory)
-        self.disk = self._open_disk_tier()
+        self.stash = StateStash(arch, config, shared)
+        self.store = self.stash.store
         self._admissions = 0
         self._checker = InvariantChecker(arch, config.n_ctx) if config.check_invariants else None
         self._spec = SpecStep(arch, config, shared, tokenizer.is_eog, self._after_token, self._sampling_error)
         shared.snapshot = slot_snapshots(self.slots)
         shared.store_snapshot = StoreSnapshot(0, 0, self.store.budget)
-
-    def _open_disk_tier(self) -> DiskTier | None:
-        c = self.config
-        if not c.cache_dir or c.cache_disk_bytes <= 0:
-            return None
-        # the file, the architecture, where the math runs and the kernels' build decide the bits;
-        # ring-buffer window layers keep no full KV in an entry: their entries fit ring memory only
-        parts = (c.model_identity, self.arch.name, self.arch.ops.name, _kernels_version(), str(c.window_ring))
-        identity = "|".join(parts)
-        return DiskTier(c.cache_dir, c.cache_disk_bytes, identity, self.shared.count)
-
-    @property
-    def _stash_enabled(self) -> bool:
-        return self.store.enabled or self.disk is not None
 
     def _new_memory(self) -> SequenceMemory:
         memory = self.arch.new_memory(self.config.n_ctx)
@@ -138,11 +116,7 @@ class EngineLoop:
         for slot in self.slots:
             if slot.run is not None:
                 self._finish(slot.run, FinishReason.CANCELLED)
-        if self.disk is not None:  # what the slots hold survives a restart
-            for slot in self.slots:
-                if slot.tokens:
-                    self.disk.put(self._export(slot))
-            self.disk.close()
+        self.stash.close(self.slots)
         self._publish()
         log.info("engine_stopped")
 
@@ -198,9 +172,7 @@ class EngineLoop:
             return []
         with self.shared.lock:
             queued = list(self.shared.queue)
-            # host entries first: on a tie the plan keeps the earlier candidate
-            store = self.store.candidates() if self.store.enabled else []
-            store += self.disk.candidates() if self.disk is not None else []
+            store = self.stash.candidates()
             prompts = [
                 QueuedPrompt(t.prompt, t.cache_prompt, t.message_boundaries, t.checkpoint_offsets) for t in queued
             ]
@@ -208,7 +180,7 @@ class EngineLoop:
                 prompts,
                 [s.candidate() for s in free],
                 store,
-                store_enabled=self._stash_enabled,
+                store_enabled=self.stash.enabled,
                 checkpoint_interval=self.config.checkpoint_interval,
             )
             tasks = [self.shared.queue.pop() for _ in plan]
@@ -220,13 +192,13 @@ class EngineLoop:
         for i, a in enumerate(plan):
             if a.store_key is None:
                 continue
-            entry = self.store.get(a.store_key) if a.store_key >= 0 else self._read_disk(a.store_key)
+            entry = self.stash.get(a.store_key)
             if entry is None:  # an unreadable disk entry: plan this prompt again without it
                 plan[i] = replace(
                     plan_admissions(
                         [prompts[a.queue_pos]],
                         [self.slots[a.slot].candidate()],
-                        store_enabled=self._stash_enabled,
+                        store_enabled=self.stash.enabled,
                         checkpoint_interval=self.config.checkpoint_interval,
                     )[0],
                     queue_pos=a.queue_pos,
@@ -266,9 +238,9 @@ class EngineLoop:
         # first: a grammar that cannot start fails the task before the slot is touched
         matcher = TokenMatcher(task.grammar, self._background_masks()) if task.grammar is not None else None
         if admission.stash:
-            self._stash(slot)
+            self.stash.put(slot)
         if entry is not None:
-            first_logits = self._load_from_store(slot, entry, plan)
+            first_logits = self.stash.load(slot, entry, plan)
             if admission.discard_entry and entry.key >= 0:  # the slot now holds all of it (disk files stay)
                 self.store.discard(entry.key)
         else:
@@ -330,50 +302,6 @@ class EngineLoop:
         if plan.replay_from is not None:
             self.shared.count(replays=1, replayed_tokens=slot.replay(self.arch, tokens, plan.resume))
         return cp.logits if cp is not None and plan.from_logits else None
-
-    def _load_from_store(self, slot: Slot, entry: StoredSequence, plan: ResumePlan) -> np.ndarray | None:
-        cp = entry.checkpoints.get(plan.restore) if plan.restore is not None else None
-        dropped = slot.checkpoints.clear()
-        if plan.replay_from is None:
-            slot.load(entry, plan.resume, cp)
-        else:
-            slot.load_for_replay(entry, plan.replay_from, cp, plan.resume)
-            self.shared.count(replays=1, replayed_tokens=slot.replay(self.arch, entry.tokens, plan.resume))
-        self.shared.count(checkpoints_invalidated=len(dropped), restores=1, prefix_store_hits=1)
-        return cp.logits if cp is not None and plan.from_logits else None
-
-    def _read_disk(self, key: int) -> StoredSequence | None:
-        """A disk entry, read on the engine thread (None: unreadable, already logged and counted)."""
-        if self.disk is None:
-            return None
-        entry = self.disk.load(key)
-        if entry is not None:
-            entry.key = key
-        return entry
-
-    def _stash(self, slot: Slot) -> None:
-        """Copy a slot's whole state (memory + checkpoints) to the prefix store before it is
-        overwritten, and queue it for the disk tier."""
-        if not self._stash_enabled or not slot.tokens:
-            return
-        entry = self._export(slot)
-        if self.disk is not None:
-            self.disk.put(entry)
-        if not self.store.enabled:
-            return
-        stored, evicted = self.store.put(entry)
-        self.shared.count(prefix_store_evicted=evicted)
-        log.info("slot_stashed", slot=slot.index, tokens=len(entry.tokens), bytes=entry.nbytes, stored=stored)
-
-    def _export(self, slot: Slot) -> StoredSequence:
-        return StoredSequence(
-            tuple(slot.tokens),
-            slot.memory.export(),
-            # host copies: a GPU slot's checkpoints hold device states
-            CheckpointList([cp.with_snapshot(slot.memory.host_snapshot(cp.snapshot)) for cp in slot.checkpoints]),
-            0 if slot.memory.truncatable else len(slot.tokens),  # the image keeps only the end's state
-            slot.log.up_to(len(slot.tokens)),
-        )
 
     def _take_checkpoint(self, run: Run, kind: CheckpointKind, logits: np.ndarray | None) -> None:
         slot = run.slot
