@@ -19,6 +19,8 @@ import hyserve_kernels as hk
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from hyserve.logging_setup import configure_logging
+
 # block bytes, elements per block, offsets of the block's f16 scales
 BLOCKS = {
     T.Q4_0: (18, 32, [0]),
@@ -77,6 +79,7 @@ def time_matmul(dev, w, x, repeats: int) -> dict:
 
 
 def main() -> None:
+    configure_logging()  # logs go to stderr: stdout carries only the JSON
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--adapter", default=None, help="GPU adapter name substring")
     p.add_argument("--types", nargs="+", default=["F32", "F16", "BF16", *[t.name for t in BLOCKS]])
