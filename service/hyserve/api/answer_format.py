@@ -89,15 +89,13 @@ def _lark_answer(spec: ConstraintSpec) -> str | None:
     return None
 
 
-def _after_reasoning(spec: ConstraintSpec, close: str, tool_grammar: bool) -> ConstraintSpec:
-    """`spec` preceded by free reasoning text that ends at its first `close` marker."""
-    if tool_grammar:  # our own grammars name their start rule `start`
-        answer = spec.source.replace("start:", "answer:", 1)
-    else:
-        rule = _lark_answer(spec)
-        if rule is None:
+def _after_reasoning(spec: ConstraintSpec, close: str, answer: str | None) -> ConstraintSpec:
+    """`spec` preceded by free reasoning text that ends at its first `close` marker; `answer`: the
+    grammar of the answer with its top rule named `answer` (None: made from `spec`)."""
+    if answer is None:
+        answer = _lark_answer(spec)
+        if answer is None:
             return spec
-        answer = rule
     marker = "".join(f"\\x{b:02x}" for b in close.encode())
     head = (
         "start: REASONING answer\n"
@@ -120,7 +118,9 @@ def answer_format(
     choice = chat.choice
     calls_allowed = bool(tools) and choice.mode != "none" and traits.tool_format is not None
     output = OutputSpec(traits.tool_format if calls_allowed else None, tools, markers, inside)
-    tool_grammar = False
+    # a tool grammar that follows the reasoning is built with its top rule named `answer`
+    top = "answer" if inside else "start"
+    tool_grammar: str | None = None
     if choice.mode in ("required", "function"):
         if traits.tool_format is None:
             raise AnswerFormatError(
@@ -130,12 +130,12 @@ def answer_format(
         if constraint is not None:
             raise AnswerFormatError(f"{_FIELD}: cannot be combined with a required tool call (chat.tool_choice)")
         name = choice.function if choice.mode == "function" else "required"
-        source = call_grammar(traits.tool_format, list(tools), name, parallel=choice.parallel)
-        constraint, tool_grammar = ConstraintSpec("grammar", source, "chat.tool_choice"), True
+        tool_grammar = call_grammar(traits.tool_format, list(tools), name, parallel=choice.parallel, start=top)
+        constraint = ConstraintSpec("grammar", tool_grammar, "chat.tool_choice")
     elif calls_allowed and constraint is None:
         # auto: free text, but a call once begun is held to the tools' schemas
-        source = auto_grammar(traits.tool_format, list(tools), parallel=choice.parallel)
-        constraint, tool_grammar = ConstraintSpec("grammar", source, "chat.tools"), True
+        tool_grammar = auto_grammar(traits.tool_format, list(tools), parallel=choice.parallel, start=top)
+        constraint = ConstraintSpec("grammar", tool_grammar, "chat.tools")
     if constraint is not None and inside and markers is not None:
         constraint = _after_reasoning(constraint, markers[1], tool_grammar)
     return constraint, output

@@ -125,15 +125,21 @@ def _calls(marker: str, sep: str, parallel: bool) -> str:
 
 
 def call_grammar(
-    format: ToolCallFormat, tools: Sequence[Mapping[str, Any]], choice: str = "required", *, parallel: bool = True
+    format: ToolCallFormat,
+    tools: Sequence[Mapping[str, Any]],
+    choice: str = "required",
+    *,
+    parallel: bool = True,
+    start: str = "start",
 ) -> str:
     """A grammar accepting only tool calls: for ``choice="required"`` calls of any of the tools,
-    otherwise of the function named ``choice``. Raises ValueError for no tools or an unknown name."""
+    otherwise of the function named ``choice``. ``start`` names its top rule (another grammar may
+    embed it under another name). Raises ValueError for no tools or an unknown name."""
     specs = _selected(tools, choice)
     marker, sep, rules = _call_rules(format, specs)
     if format is ToolCallFormat.MISTRAL:
         rules, parallel = _mistral_array(specs, parallel), False
-    return "\n".join(["start: calls", _calls(marker, sep, parallel), *rules]) + "\n"
+    return "\n".join([f"{start}: calls", _calls(marker, sep, parallel), *rules]) + "\n"
 
 
 def _not_containing(marker: str) -> tuple[str, str]:
@@ -142,7 +148,9 @@ def _not_containing(marker: str) -> tuple[str, str]:
     return f"/(?s:.*)/ & ~/(?s:.*){m}(?s:.*)/", f"/(?s:.*){m}/ & ~/(?s:.*){m}(?s:.*){m}/"
 
 
-def auto_grammar(format: ToolCallFormat, tools: Sequence[Mapping[str, Any]], *, parallel: bool = True) -> str:
+def auto_grammar(
+    format: ToolCallFormat, tools: Sequence[Mapping[str, Any]], *, parallel: bool = True, start: str = "start"
+) -> str:
     """A grammar accepting free text or tool calls of any of the tools: text before, between and
     after calls is free, but once the syntax's start marker is written, a valid call must follow.
     For bare JSON calls (Llama 3) the answer is either text not starting with ``{`` or calls."""
@@ -152,8 +160,8 @@ def auto_grammar(format: ToolCallFormat, tools: Sequence[Mapping[str, Any]], *, 
         rules = _mistral_array(specs, parallel)
     if not marker:
         text = r"TEXT: /([^{\s](?s:.*))?/"
-        return "\n".join(["start: TEXT | calls", _calls(marker, sep, parallel), text, *rules]) + "\n"
+        return "\n".join([f"{start}: TEXT | calls", _calls(marker, sep, parallel), text, *rules]) + "\n"
     tail, upto = _not_containing(marker)
     calls = "(TEXT_TO_CALL call_body)* TAIL" if parallel else "TAIL | TEXT_TO_CALL call_body TAIL"
-    lines = [f"start: {calls}", f"TEXT_TO_CALL: {upto}", f"TAIL: {tail}", *rules]
+    lines = [f"{start}: {calls}", f"TEXT_TO_CALL: {upto}", f"TAIL: {tail}", *rules]
     return "\n".join(lines) + "\n"
