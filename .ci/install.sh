@@ -41,6 +41,11 @@ if [ "${1:-}" = "--test" ]; then
         SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
         $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq haproxy >/dev/null
     fi
+    # A real Redis for the prefix store's shared tier (tests/test_shared_tier.py, test_replica_failover.py).
+    if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; then
+        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+        $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+    fi
     # Real gRPC tools for the tests: grpcurl (clients/grpcurl.md) and buf (proto lint), pinned.
     if command -v go >/dev/null 2>&1; then
         export GOBIN="$HOME/go/bin"
