@@ -11,7 +11,7 @@ from pathlib import Path
 from hyserve.device_flags import add_device_arguments, device_request
 from hyserve.logging_setup import configure_logging
 from hyserve.operator_errors import OperatorError, model_path_error, run_flag_error, run_reporting
-from hyserve.spec_flags import add_spec_arguments, spec_config
+from hyserve.spec_flags import add_spec_arguments, spec_config, spec_flag_error
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def _generate(args: argparse.Namespace) -> int:
     from hyserve.engine.sampling import SamplingParams
     from hyserve.model.loader import load_model
 
-    problem = run_flag_error(args) or model_path_error(args.model)
+    problem = run_flag_error(args) or model_path_error(args.model) or spec_flag_error(args.spec, args.spec_draft_model)
     if problem is not None:
         raise OperatorError(problem)
     hyserve_kernels.set_num_threads(args.threads)
@@ -45,7 +45,9 @@ def _generate(args: argparse.Namespace) -> int:
     n, reason = 0, None
     if not args.chat:
         sys.stdout.write(args.prompt)
-    config = spec_config(args)
+    config = spec_config(
+        args.spec, args.spec_max_draft, args.spec_draft_model, model.arch, model.tokenizer, device_request(args)
+    )
     spec = config if config.method != "off" else None
     stats = SpecStats()
     for item in generate(model, prompt, params, stop, n_ctx=args.ctx_size, spec=spec, spec_stats=stats):

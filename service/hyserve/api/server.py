@@ -53,7 +53,7 @@ from hyserve.api.validation import RequestLimits
 from hyserve.device_flags import add_device_arguments, device_request
 from hyserve.model.backend.select import DeviceRequest
 from hyserve.operator_errors import OperatorError, is_operator_error, model_path_error
-from hyserve.spec_flags import add_spec_arguments
+from hyserve.spec_flags import add_spec_arguments, spec_config, spec_flag_error
 
 log = structlog.get_logger(__name__)
 
@@ -121,6 +121,7 @@ class ServeConfig:
     check_invariants: bool = False  # test hook (tests/soak)
     spec: str = "off"  # speculative decoding for every request (--spec)
     spec_max_draft: int = 8
+    spec_draft_model: str | None = None  # the draft model of --spec draft
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -155,6 +156,7 @@ class ServeConfig:
             check_invariants=args.check_invariants,
             spec=args.spec,
             spec_max_draft=args.spec_max_draft,
+            spec_draft_model=args.spec_draft_model,
         )
 
 
@@ -227,7 +229,7 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig.from_args(args)
-    problem = model_path_error(config.model)
+    problem = model_path_error(config.model) or spec_flag_error(config.spec, config.spec_draft_model)
     if problem is not None:  # before listening: a wrong path is not worth a health-checked start
         raise OperatorError(problem)
     for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk", "spec_max_draft"):
@@ -293,7 +295,6 @@ def load_runtime(config: ServeConfig) -> Runtime:
     import hyserve_kernels
 
     from hyserve.engine.engine import Engine, EngineConfig
-    from hyserve.engine.speculative import SpecConfig
     from hyserve.engine.store_tiers.identity import model_fingerprint
     from hyserve.model.architectures.base import Logits, Segment
     from hyserve.model.loader import load_model
@@ -308,6 +309,9 @@ def load_runtime(config: ServeConfig) -> Runtime:
     warm += model.tokenizer.encode("Hello", add_special=False)
     model.arch.forward([Segment(model.arch.new_memory(16), np.asarray(warm, dtype=np.int32), Logits.LAST)])
     log.info("model_warm", seconds=round(time.perf_counter() - start, 3))
+    spec = spec_config(
+        config.spec, config.spec_max_draft, config.spec_draft_model, model.arch, model.tokenizer, config.device
+    )
     engine = Engine(
         model.arch,
         model.tokenizer,
@@ -326,7 +330,7 @@ def load_runtime(config: ServeConfig) -> Runtime:
             window_ring=config.swa_cache == "ring",
             max_queued_prompt_tokens=config.queued_prompt_tokens,
             check_invariants=config.check_invariants,
-            spec=SpecConfig(method=config.spec, max_draft=config.spec_max_draft),
+            spec=spec,
         ),
     )
     engine.start()

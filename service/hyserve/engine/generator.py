@@ -14,9 +14,17 @@ import hyserve_kernels
 import numpy as np
 
 from hyserve.engine.constraints import CompiledGrammar, TokenMatcher, background_masks
-from hyserve.engine.drafting import Drafter, NgramDrafter
+from hyserve.engine.drafting import Drafter
 from hyserve.engine.sampling import SamplingParams
-from hyserve.engine.speculative import DraftLength, SpecConfig, SpecStats, Verified, keep_accepted, verify
+from hyserve.engine.speculative import (
+    DraftLength,
+    SpecConfig,
+    SpecStats,
+    Verified,
+    keep_accepted,
+    new_drafter,
+    verify,
+)
 from hyserve.engine.stop import StopCheck, StopRule
 from hyserve.engine.token_step import advance_grammar, sample_allowed
 from hyserve.model.architectures.base import Logits, Segment
@@ -74,8 +82,8 @@ def generate(
     rng = np.random.default_rng(params.seed)
     history = list(prompt)
     check = StopCheck(stop, model.tokenizer, len(prompt), n_ctx)
-    if drafter is None and spec is not None and spec.method == "ngram":
-        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    if drafter is None and spec is not None:
+        drafter = new_drafter(spec, n_ctx)
     length = DraftLength(spec) if spec is not None else None
     stats = spec_stats if spec_stats is not None else SpecStats()
     if drafter is not None:

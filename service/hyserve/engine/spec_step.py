@@ -4,10 +4,11 @@ rows; its rows are then sampled as plain decoding would sample them, and the mem
 what was accepted.
 
 - **Draft** (`segment`): each running task has its own drafter (`NgramDrafter` over the prompt and
-  the tokens generated so far). A draft is at most `SpecConfig.max_draft` tokens (adaptive below
-  it, `DraftLength`), never past the context, the tokens still to generate, or the forward's token
-  budget (`--prompt-chunk`). Constrained tasks (`Task.grammar`) are not drafted for: they decode
-  one token per forward as before.
+  the tokens generated so far), or, with a draft model, its slot's draft memory, which keeps what
+  it shares with the next request's prompt (`DraftModelDrafter`). A draft is at most
+  `SpecConfig.max_draft` tokens (adaptive below it, `DraftLength`), never past the context, the
+  tokens still to generate, or the forward's token budget (`--prompt-chunk`). Constrained tasks
+  (`Task.grammar`) are not drafted for: they decode one token per forward as before.
 - **Verify** (`verified`): the row's logits come back for every position, bit for bit what
   single-token steps would give (batch and chunk invariance). Each is sampled in order by
   `take_token`, the engine's one per-token path (the task's own random stream, one draw per
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from hyserve.engine.config import EngineConfig
+from hyserve.engine.draft_model import DraftModelDrafter
 from hyserve.engine.drafting import Drafter, NgramDrafter
 from hyserve.engine.shared import Shared
 from hyserve.engine.slot import Run, Slot
@@ -89,6 +91,7 @@ class SpecStep:
         self.is_eog = is_eog
         self.after_token = after_token
         self.fail = fail
+        self._draft_memories: dict[int, DraftModelDrafter] = {}  # slot -> its draft model memory
 
     @property
     def enabled(self) -> bool:
@@ -100,7 +103,18 @@ class SpecStep:
         if not enabled:
             return None
         base = self.config if self.enabled else SpecConfig()  # the server's, or prompt lookup's defaults
-        return replace(base, method="ngram", max_draft=task.spec_max_draft or base.max_draft)
+        return replace(base, max_draft=task.spec_max_draft or base.max_draft)
+
+    def drafter(self, slot: Slot, config: SpecConfig) -> Drafter:
+        """A new task's drafter: prompt lookup, or the slot's draft model memory on a new sequence
+        (it keeps what it shares with the new prompt)."""
+        if config.method == "draft" and config.draft is not None:
+            drafter = self._draft_memories.get(slot.index)
+            if drafter is None:
+                drafter = self._draft_memories[slot.index] = DraftModelDrafter(config.draft, self.n_ctx)
+            drafter.start()
+            return drafter
+        return NgramDrafter(config.ngram_min, config.ngram_max)
 
     def segment(self, slot: Slot, run: Run, keep_inputs: bool) -> Segment | None:
         """The verifying row of a generating slot (its sampled token, then the draft), or None when
@@ -112,8 +126,7 @@ class SpecStep:
             config = self.task_config(run.task)
             if config is None:
                 return None
-            drafter = NgramDrafter(config.ngram_min, config.ngram_max)
-            state = run.spec = SpecRun(drafter, DraftLength(config))
+            state = run.spec = SpecRun(self.drafter(slot, config), DraftLength(config))
         state.pending = None
         state.drafter.extend(run.history[state.fed :])
         state.fed = len(run.history)

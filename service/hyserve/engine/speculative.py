@@ -20,34 +20,51 @@ layer on every step, accepted or not.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from hyserve.engine.draft_model import DraftModelDrafter
+from hyserve.engine.drafting import Drafter, NgramDrafter
 from hyserve.engine.guards import require
 from hyserve.model.architectures.base import Architecture, Logits, Segment
 from hyserve.model.memory import SequenceMemory, Snapshot
 
-__all__ = ["DraftLength", "SpecConfig", "SpecStats", "Verified", "keep_accepted", "verify"]
+__all__ = ["DraftLength", "SpecConfig", "SpecStats", "Verified", "keep_accepted", "new_drafter", "verify"]
+
+METHODS = ("ngram", "draft", "off")
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """`method`: "ngram" (prompt lookup) or "off"; `max_draft`: tokens per draft at most;
-    `adaptive`: draft fewer after rejections, more after full acceptances; `ngram_min` /
-    `ngram_max`: the n-gram lengths prompt lookup matches."""
+    """`method`: "ngram" (prompt lookup), "draft" (the draft model `draft`, loaded by
+    draft_model.load_draft_model) or "off"; `max_draft`: tokens per draft at most; `adaptive`:
+    draft fewer after rejections, more after full acceptances; `ngram_min` / `ngram_max`: the
+    n-gram lengths prompt lookup matches."""
 
     method: str = "ngram"
     max_draft: int = 8
     adaptive: bool = True
     ngram_min: int = 2
     ngram_max: int = 4
+    draft: Architecture | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.method not in ("ngram", "off"):
-            raise ValueError(f"unknown speculation method {self.method!r} (ngram, off)")
+        if self.method not in METHODS:
+            raise ValueError(f"unknown speculation method {self.method!r} ({', '.join(METHODS)})")
         if self.max_draft < 1:
             raise ValueError(f"max_draft must be >= 1 (got {self.max_draft})")
+        if (self.method == "draft") != (self.draft is not None):
+            raise ValueError("the draft method and a draft model go together")
+
+
+def new_drafter(config: SpecConfig, n_ctx: int) -> Drafter | None:
+    """The drafter `config` names for one sequence of up to `n_ctx` tokens (None: "off")."""
+    if config.method == "ngram":
+        return NgramDrafter(config.ngram_min, config.ngram_max)
+    if config.method == "draft" and config.draft is not None:
+        return DraftModelDrafter(config.draft, n_ctx)
+    return None
 
 
 @dataclass
