@@ -108,34 +108,49 @@ def timestamps(ops: Any, run: Any) -> dict:
     }
 
 
-def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int) -> dict:
-    """Host time of one-token decode steps: `record_s` from the forward call to its read-back
-    (the Python ops, bind groups and dispatches recorded: work no GPU speeds up), `step_s` the whole
-    step (submission, the device's work and the wait included). Medians over `steps` steps."""
+def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int, keep_inputs: bool = True) -> dict:
+    """Host time of one-token decode steps as the server runs them (a hybrid keeps its recurrent
+    layers' inputs for exact resumes): `record_s` from the forward call to its read-back (the
+    Python ops, bind groups and dispatches recorded: work no GPU speeds up), `step_s` the whole
+    step (submission, the device's work and the wait included), `submissions` per step. Medians
+    over `steps` steps."""
     from hyserve.model.architectures.base import Logits, Segment
 
     memory = arch.new_memory(len(tokens) + steps + 8)
     arch.forward([Segment(memory, np.asarray(tokens, np.int32), Logits.NONE)])
     read_at: list[float] = []
-    real_to_host = ops.to_host
+    marked = {name: getattr(ops, name) for name in ("to_host", "to_host_many")}
 
-    def marked_to_host(x: Any) -> np.ndarray:
-        read_at.append(time.perf_counter())
-        return real_to_host(x)
+    def marking(read: Any) -> Any:
+        def marked_read(x: Any) -> Any:
+            read_at.append(time.perf_counter())
+            return read(x)
 
-    ops.to_host = marked_to_host
-    record, whole = [], []
+        return marked_read
+
+    for name, read in marked.items():
+        setattr(ops, name, marking(read))
+    record, whole, submissions = [], [], []
     try:
         for i in range(steps):
             read_at.clear()
+            before = ops.device.submissions
             start = time.perf_counter()
             token = np.asarray([tokens[i % len(tokens)]], np.int32)
-            arch.forward([Segment(memory, token, Logits.LAST)])
+            arch.forward([Segment(memory, token, Logits.LAST, {} if keep_inputs else None)])
             whole.append(time.perf_counter() - start)
             record.append(read_at[0] - start)
+            submissions.append(ops.device.submissions - before)
     finally:
-        del ops.to_host  # the instance attribute: the class's method again
-    return {"record_s": statistics.median(record), "step_s": statistics.median(whole), "steps": steps}
+        for name in marked:
+            delattr(ops, name)  # the instance attribute: the class's method again
+    return {
+        "record_s": statistics.median(record),
+        "step_s": statistics.median(whole),
+        "submissions": statistics.median(submissions),
+        "steps": steps,
+        "keep_inputs": keep_inputs,
+    }
 
 
 def decode_bytes(arch: Any, n_ctx: int) -> int:

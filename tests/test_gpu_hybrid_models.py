@@ -107,3 +107,21 @@ def test_hybrid_gpu_replay_of_kept_inputs_is_exact(pair: Pair) -> None:
 
 def test_hybrid_gpu_cancel_leaves_memory_unchanged(pair: Pair) -> None:
     assert_cancel_leaves_memory_unchanged(pair.gpu_arch, pair.tokenizer, 20, 256)
+
+
+def test_hybrid_gpu_decode_step_is_one_submission(pair: Pair) -> None:
+    """A decode step that keeps its recurrent inputs (as the server's do) reads them back with its
+    logits: one submission and one wait per step, not a round trip per layer."""
+    arch = pair.gpu_arch
+    device = arch.ops.device
+    tokens = pair.tokenizer.encode(TEXT)[:12]
+    memory = arch.new_memory(64)
+    run(arch, memory, tokens[:8], Logits.NONE)
+    for t in tokens[8:]:
+        kept: dict = {}
+        before = device.submissions
+        logits = arch.forward([Segment(memory, np.asarray([t], np.int32), Logits.LAST, kept)])[0]
+        assert device.submissions - before == 1
+        assert logits is not None and logits.shape == (arch.output.rows,)
+        assert sorted(kept) == sorted(memory.recurrent)
+        assert all(isinstance(a, np.ndarray) and len(a) == 1 for parts in kept.values() for a in parts)

@@ -1,6 +1,7 @@
 //! The device and its queue, pipelines, the buffer pool, the pending encoder.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
@@ -88,6 +89,8 @@ pub struct Gpu {
     pub(super) constants: Mutex<HashMap<&'static str, Arc<GpuBuffer>>>,
     /// bound where a kernel declares a binding that an operation does not use
     pub dummy: wgpu::Buffer,
+    /// queue submissions so far (a decode step's count is a test's subject)
+    pub(super) submissions: AtomicU64,
 }
 
 impl Gpu {
@@ -329,6 +332,11 @@ impl Gpu {
             .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
 
+    /// Queue submissions since the device opened.
+    pub fn submissions(&self) -> u64 {
+        self.submissions.load(Ordering::Relaxed)
+    }
+
     /// Submits everything recorded so far.
     pub fn flush(&self) {
         // the recorder stays locked until the submission: the arena written for this encoder must
@@ -338,6 +346,7 @@ impl Gpu {
             let mut profiler = self.profiler.lock().unwrap();
             let timed = profiler.as_ref().is_some_and(|p| p.resolve(&mut encoder));
             self.queue.submit([encoder.finish()]);
+            self.submissions.fetch_add(1, Ordering::Relaxed);
             if let Some(p) = profiler.as_mut().filter(|_| timed) {
                 p.collect(&self.device, &self.queue);
             }
@@ -354,18 +363,37 @@ impl Gpu {
 
     /// Runs everything recorded and reads `bytes` of `src` from `offset` back to the host.
     pub fn read(&self, src: &wgpu::Buffer, offset: u64, bytes: u64) -> Vec<u8> {
-        if bytes == 0 {
+        self.read_many(&[(src, offset, bytes)])
+            .pop()
+            .expect("one read, one result")
+    }
+
+    /// Runs everything recorded and reads several ranges `(buffer, offset, bytes)` back with one
+    /// submission and one wait: a forward's logits and its kept recurrent inputs come back
+    /// together instead of a round trip each (each costs the GPU an idle gap).
+    pub fn read_many(&self, srcs: &[(&wgpu::Buffer, u64, u64)]) -> Vec<Vec<u8>> {
+        let starts: Vec<u64> = srcs
+            .iter()
+            .scan(0u64, |at, &(_, _, bytes)| {
+                let start = *at;
+                *at += bytes.next_multiple_of(4);
+                Some(start)
+            })
+            .collect();
+        let total: u64 = srcs.iter().map(|s| s.2.next_multiple_of(4)).sum();
+        if total == 0 {
             self.flush();
-            return Vec::new();
+            return srcs.iter().map(|_| Vec::new()).collect();
         }
-        let size = bytes.next_multiple_of(4);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("read-back"),
-            size,
+            size: total,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.copy(src, offset, &staging, 0, size);
+        for (&(src, offset, bytes), &start) in srcs.iter().zip(&starts) {
+            self.copy(src, offset, &staging, start, bytes.next_multiple_of(4));
+        }
         self.flush();
         let slice = staging.slice(..);
         slice.map_async(wgpu::MapMode::Read, |r| r.expect("map read-back buffer"));
@@ -375,10 +403,17 @@ impl Gpu {
                 timeout: None,
             })
             .expect("device poll");
-        let data =
-            slice.get_mapped_range().expect("mapped read-back range")[..bytes as usize].to_vec();
+        let mapped = slice.get_mapped_range().expect("mapped read-back range");
+        let out = srcs
+            .iter()
+            .zip(&starts)
+            .map(|(&(_, _, bytes), &start)| {
+                mapped[start as usize..(start + bytes) as usize].to_vec()
+            })
+            .collect();
+        drop(mapped);
         staging.unmap();
-        data
+        out
     }
 }
 

@@ -184,6 +184,44 @@ impl GpuDevice {
             .into_pyarray(py))
     }
 
+    /// Runs the recorded work and copies several f32 tensors to the host with one submission and
+    /// one wait (a forward's logits and its kept inputs together).
+    fn to_host_many<'py>(
+        &self,
+        py: Python<'py>,
+        ts: Vec<PyRef<'py, GpuTensor>>,
+    ) -> PyResult<Vec<Bound<'py, PyArrayDyn<f32>>>> {
+        for t in &ts {
+            self.check(t, Dtype::F32, "to_host_many's tensors")?;
+        }
+        let bufs: Vec<(Arc<GpuBuffer>, u64)> = ts
+            .iter()
+            .map(|t| (t.buf.clone(), (t.size() * 4) as u64))
+            .collect();
+        let gpu = &self.gpu;
+        let data = py.detach(|| {
+            let srcs: Vec<(&wgpu::Buffer, u64, u64)> =
+                bufs.iter().map(|(b, bytes)| (b.raw(), 0, *bytes)).collect();
+            gpu.read_many(&srcs)
+        });
+        Ok(ts
+            .iter()
+            .zip(data)
+            .map(|(t, bytes)| {
+                let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+                ArrayD::from_shape_vec(IxDyn(&t.shape), values)
+                    .unwrap()
+                    .into_pyarray(py)
+            })
+            .collect())
+    }
+
+    /// Queue submissions since the device opened (a decode step makes one).
+    #[getter]
+    fn submissions(&self) -> u64 {
+        self.gpu.submissions()
+    }
+
     /// Submits the recorded work without waiting.
     fn flush(&self) {
         self.gpu.flush();

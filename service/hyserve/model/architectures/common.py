@@ -70,14 +70,30 @@ def output_logits(
     softcap: float = 0.0,
 ) -> list[np.ndarray | None]:
     """Final norm and LM head (optionally soft-capped), for the rows whose logits were asked for
-    only; only those logits come back to the host."""
+    only; only those logits come back to the host, in one read-back with the kept inputs."""
     wanted = logit_rows(segments, spans)
     if len(wanted) == 0:
+        read_back(ops, segments)
         return split_logits(segments, spans, np.empty((0, output.rows), np.float32))
     logits = ops.matmul(output, ops.rms_norm(ops.take_rows(h, wanted), norm, eps))
     if softcap:
         logits = ops.softcap(logits, softcap)
-    return split_logits(segments, spans, ops.to_host(logits))
+    return split_logits(segments, spans, read_back(ops, segments, logits))
+
+
+def read_back(ops: Backend, segments: Sequence[Segment], logits: Tensor | None = None) -> np.ndarray | None:
+    """Bring the segments' kept inputs (device tensors while the forward records) to the host
+    together with `logits`: on a GPU one submission and one wait per forward, where a read-back
+    per recurrent layer would leave the device idle between them."""
+    kept = [(seg.inputs, il) for seg in segments if seg.inputs for il in seg.inputs]
+    flat = [t for inputs, il in kept for t in inputs[il]]
+    host = ops.to_host_many(flat if logits is None else [*flat, logits])
+    at = 0
+    for inputs, il in kept:
+        n = len(inputs[il])
+        inputs[il] = tuple(host[at : at + n])
+        at += n
+    return None if logits is None else host[-1]
 
 
 class WorkingStates:

@@ -95,8 +95,8 @@ class Mamba2(Architecture):
             if span.stop == span.start:
                 continue
             inputs = (ops.rows(xbc, span.start, span.stop), ops.rows(dt, span.start, span.stop))
-            if seg.inputs is not None:  # kept for replays (host arrays, not written to again)
-                seg.inputs[il] = tuple(ops.to_host(t) for t in inputs)
+            if seg.inputs is not None:  # kept for replays (not written to again; read back with the logits)
+                seg.inputs[il] = inputs
             out = self._scan(L, *inputs, *states.layer(seg.memory, il))
             if span.stop - span.start == rows:
                 y = out

@@ -222,8 +222,8 @@ class QwenHybrid(Architecture):
             if span.stop == span.start:
                 continue
             inputs = tuple(ops.rows(m, span.start, span.stop) for m in (mixed, g, beta))
-            if seg.inputs is not None:  # kept for replays (host arrays, not written to again)
-                seg.inputs[il] = tuple(ops.to_host(t) for t in inputs)
+            if seg.inputs is not None:  # kept for replays (not written to again; read back with the logits)
+                seg.inputs[il] = inputs
             out = self._scan(L, *inputs, *states.layer(seg.memory, il))
             if span.stop - span.start == rows:
                 o = out

@@ -113,6 +113,9 @@ class CpuBackend(CpuRecurrentOps):
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
+    def to_host_many(self, xs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return list(xs)
+
     def flush(self) -> None:
         pass
 

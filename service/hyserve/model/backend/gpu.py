@@ -145,6 +145,13 @@ class GpuBackend(GpuRecurrentOps):
     def to_host(self, x: hk.GpuTensor) -> np.ndarray:
         return self.device.to_host(x)
 
+    def to_host_many(self, xs: Sequence[hk.GpuTensor | np.ndarray]) -> list[np.ndarray]:
+        on_device = [i for i, x in enumerate(xs) if not isinstance(x, np.ndarray)]
+        out = list(xs)
+        for i, host in zip(on_device, self.device.to_host_many([xs[i] for i in on_device])):
+            out[i] = host
+        return out
+
     def flush(self) -> None:
         self.device.flush()
 

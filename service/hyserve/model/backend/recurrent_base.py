@@ -47,7 +47,8 @@ class RecurrentOps(Protocol):
 
     def concat_columns(self, parts: Sequence[Tensor]) -> Tensor: ...
     def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
-        """Rows start..stop (first dimension), as a new tensor."""
+        """Rows start..stop (first dimension): a new tensor, or x itself when that is all of it
+        (callers only read the result)."""
         ...
 
     def put_rows(self, dst: Tensor, start: int, src: Tensor) -> None: ...
