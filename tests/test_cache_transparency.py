@@ -6,7 +6,8 @@ message (or of an answer) and go on differently, identical resends, interleaved
 conversations, random message boundaries and client checkpoint offsets, and cancels at random
 moments of queued and running tasks - and runs them on a real engine (tiny `qwen35`: recurrent
 and attention layers, real kernels) with small checkpoint and prefix-store budgets so eviction
-happens, on 1 and 2 slots, and a small budget of kept inputs (replays to any position inside a
+happens, on 1 and 2 slots (and on 2 slots that speculate, with n-gram drafts and with a draft
+model), and a small budget of kept inputs (replays to any position inside a
 message; their eviction happens too). Every completed greedy request must return exactly the tokens and
 logprobs of the same request on a fresh engine that never reuses anything (`cache_prompt=False`).
 After each example the memory invariants are checked directly: each slot's memory, and every
@@ -34,10 +35,12 @@ from hypothesis import strategies as st
 from hyserve.engine.cache_plan import CachedView, replay_reach
 from hyserve.engine.cancel import CancelSource
 from hyserve.engine.checkpoints import CheckpointList
+from hyserve.engine.draft_model import load_draft_model
 from hyserve.engine.engine import Engine, EngineConfig
 from hyserve.engine.generator import StopRule
 from hyserve.engine.input_log import InputLog
 from hyserve.engine.sampling import SamplingParams
+from hyserve.engine.speculative import SpecConfig
 from hyserve.engine.task import DeltaEvent, Event, FailedEvent, FinishedEvent, FinishReason, Task
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.backend.select import DeviceRequest
@@ -134,7 +137,12 @@ def input_bytes_per_token(model: LoadedModel) -> int:
 
 
 def _rig(
-    path: Path, n_slots: int, checkpoints_kept: int = 3, replay_tokens: int = 16, device: str = "cpu"
+    path: Path,
+    n_slots: int,
+    checkpoints_kept: int = 3,
+    replay_tokens: int = 16,
+    device: str = "cpu",
+    spec: Callable[[LoadedModel], SpecConfig] | None = None,
 ) -> Iterator[Rig]:
     model = load_model(path, device=DeviceRequest(device))
     # budgets in units of one checkpoint (attention-only memory: logits only) so eviction happens
@@ -148,6 +156,7 @@ def _rig(
         checkpoint_memory=checkpoints_kept * (snap_bytes + logits_bytes),  # eviction happens
         cache_memory=40 * snap_bytes,  # a few entries: store eviction happens
         replay_memory=replay_tokens * input_bytes_per_token(model),  # kept inputs for this many positions
+        spec=spec(model) if spec is not None else SpecConfig(method="off"),
     )
     engine = Engine(model.arch, model.tokenizer, config)
     reference = Engine(model.arch, model.tokenizer, EngineConfig(n_slots=1, n_ctx=512, prompt_chunk=8, cache_memory=0))
@@ -168,6 +177,29 @@ def rig1(model_path: Path) -> Iterator[Rig]:
 @pytest.fixture(scope="module")
 def rig2(model_path: Path) -> Iterator[Rig]:
     yield from _rig(model_path, 2)
+
+
+def ngram_spec(model: LoadedModel) -> SpecConfig:
+    # unigram lookup over random tokens: drafts are frequent and often wrong, so rollbacks happen
+    return SpecConfig(max_draft=3, adaptive=False, ngram_min=1)
+
+
+def self_draft_spec(model: LoadedModel) -> SpecConfig:
+    # the target as its own draft model: greedy drafts are accepted, cut by max_tokens and cancels
+    return SpecConfig(method="draft", max_draft=3, draft=load_draft_model(model.path, model.arch, model.tokenizer))
+
+
+@pytest.fixture(scope="module")
+def spec_rig(model_path: Path) -> Iterator[Rig]:
+    """Two slots speculating with n-gram drafts: verifying rows, rollbacks and kept inputs of
+    accepted tokens only, beside the cache."""
+    yield from _rig(model_path, 2, spec=ngram_spec)
+
+
+@pytest.fixture(scope="module")
+def draft_rig(model_path: Path) -> Iterator[Rig]:
+    """Two slots speculating with a draft model, whose memories follow each slot's sequences."""
+    yield from _rig(model_path, 2, spec=self_draft_spec)
 
 
 @pytest.fixture(scope="module")
@@ -346,6 +378,18 @@ def test_cache_is_transparent_on_attention_only_memory(attention_rig: Rig, data:
     run_example(attention_rig, data)
 
 
+@settings(SETTINGS, max_examples=EXAMPLES // 2)
+@given(data=st.data())
+def test_cache_is_transparent_with_speculation(spec_rig: Rig, data: st.DataObject) -> None:
+    run_example(spec_rig, data)
+
+
+@settings(SETTINGS, max_examples=EXAMPLES // 4)
+@given(data=st.data())
+def test_cache_is_transparent_with_a_draft_model(draft_rig: Rig, data: st.DataObject) -> None:
+    run_example(draft_rig, data)
+
+
 @settings(SETTINGS, max_examples=EXAMPLES // 20)
 @given(data=st.data())
 def test_cache_is_transparent_on_the_gpu(gpu_rig: Rig, data: st.DataObject) -> None:
@@ -379,3 +423,14 @@ def test_the_runs_exercised_the_cache(rig1: Rig, rig2: Rig, attention_rig: Rig) 
     for rig in (rig1, rig2):  # replays inside messages happened, and kept inputs were evicted
         c = rig.engine.stats().counters
         assert c.replays > 0 and c.replayed_tokens > c.replays and c.input_blocks_evicted > 0
+
+
+def test_the_speculating_runs_drafted_and_rolled_back(spec_rig: Rig, draft_rig: Rig) -> None:
+    """Guards against a vacuous property: drafts were verified, accepted and (n-gram) rejected."""
+    exercise(spec_rig, test_cache_is_transparent_with_speculation, spec_rig=spec_rig)
+    exercise(draft_rig, test_cache_is_transparent_with_a_draft_model, draft_rig=draft_rig)
+    for rig in (spec_rig, draft_rig):
+        c = rig.engine.stats().counters
+        assert c.spec_drafts > 0 and c.spec_accepted_tokens > 0 and c.restores > 0, c
+    c = spec_rig.engine.stats().counters
+    assert c.spec_accepted_tokens < c.spec_draft_tokens, c
