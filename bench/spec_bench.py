@@ -4,14 +4,17 @@ same prompts, greedy, in one run.
 
 Gemma 3 270M (n-gram drafts): a copy-heavy edit (a function rewritten with a small fix), a summary
 of a document, free story text. The realistic qwen35 (random weights, so its text does not copy):
-n-gram drafts, oracle drafts (the target's own greedy continuation: the most speculation can gain)
-and wrong drafts (never accepted: what a rollback costs per drafted token).
+n-gram drafts, oracle drafts (the target's own greedy continuation: the most speculation can gain),
+wrong drafts (never accepted: what a rollback costs per drafted token) and a draft model
+(`--spec draft`: a 2-layer random qwen35 with the target's vocabulary, so its drafts rarely agree
+and the figure is the cost of drafting and rolling back both memories).
 
 Decode tok/s counts the generated tokens after the first over the time from the first token to the
 last (prompt processing excluded); each side's samples alternate with the others'. hyserve's
 speculative output is checked against its plain output (`identical`).
 
-    python bench/spec_bench.py [--max-tokens 128] [--rounds 2] [--qwen35 PATH] [--out bench/results]
+    python bench/spec_bench.py [--max-tokens 128] [--rounds 2] [--qwen35 PATH] [--qwen35-draft PATH]
+        [--out bench/results]
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from fixtures import make_models
 from report import instruction_sets, publish
 
+from hyserve.engine.draft_model import load_draft_model
 from hyserve.engine.generator import SpecConfig, SpecStats, StopRule, generate
 from hyserve.engine.sampling import SamplingParams
 from hyserve.logging_setup import configure_logging
@@ -120,13 +125,17 @@ def llama_side(llm, prompt: list[int], n: int) -> Callable[[], float]:
     return run
 
 
-def interleave(sides: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+def interleave(sides: dict[str, Callable[[], float]], rounds: int, record: dict | None = None) -> dict[str, float]:
+    """Medians of `rounds` alternating samples per side; `record` gets the samples themselves (the
+    spread says how quiet the machine was)."""
     for run in sides.values():  # warm-up
         run()
     samples: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(rounds):
         for name, run in sides.items():
             samples[name].append(run())
+    if record is not None:
+        record["decode_tok_s_samples"] = {name: [round(x, 2) for x in s] for name, s in samples.items()}
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -147,6 +156,7 @@ def bench_gemma(args: argparse.Namespace) -> dict:
     cases = {}
     for name, text in GEMMA_PROMPTS.items():
         prompt = chat_tokens(model, text)
+        samples: dict = {}
         ours_plain, plain_out, _ = hyserve_side(model, prompt, args.max_tokens, None)
         ours_spec, spec_out, stats = hyserve_side(model, prompt, args.max_tokens, SPEC)
         rates = interleave(
@@ -157,6 +167,7 @@ def bench_gemma(args: argparse.Namespace) -> dict:
                 "llama_cpp_prompt_lookup": llama_side(lookup, prompt, args.max_tokens),
             },
             args.rounds,
+            samples,
         )
         cases[name] = {
             "prompt_tokens": len(prompt),
@@ -167,6 +178,7 @@ def bench_gemma(args: argparse.Namespace) -> dict:
             "drafted": stats.drafted,
             "accepted": stats.accepted,
             "identical": spec_out == plain_out,
+            **samples,
         }
     return {"model": "Gemma 3 270M Q4_K_M", "cases": cases}
 
@@ -180,15 +192,23 @@ def bench_qwen35(args: argparse.Namespace) -> dict | None:
     plain()
     continuation = list(plain_out)
     sides, outputs = {"plain": plain}, {}
-    for name, drafter in (
-        ("ngram", None),
-        ("oracle", lambda: ScriptedDrafter(continuation, len(prompt), wrong=False)),
-        ("wrong", lambda: ScriptedDrafter(continuation, len(prompt), wrong=True)),
+    draft_path = (
+        args.qwen35_draft if args.qwen35_draft.exists() else make_models.realistic_qwen35_draft(args.qwen35_draft)
+    )
+    draft_spec = SpecConfig(
+        method="draft", max_draft=SPEC.max_draft, draft=load_draft_model(draft_path, model.arch, model.tokenizer)
+    )
+    for name, drafter, spec in (
+        ("ngram", None, SPEC),
+        ("oracle", lambda: ScriptedDrafter(continuation, len(prompt), wrong=False), SPEC),
+        ("wrong", lambda: ScriptedDrafter(continuation, len(prompt), wrong=True), SPEC),
+        ("draft_model", None, draft_spec),
     ):
-        run, out, stats = hyserve_side(model, prompt, args.max_tokens, SPEC, drafter)
+        run, out, stats = hyserve_side(model, prompt, args.max_tokens, spec, drafter)
         sides[name] = run
         outputs[name] = (out, stats)
-    rates = interleave(sides, args.rounds)
+    samples: dict = {}
+    rates = interleave(sides, args.rounds, samples)
     wrong_stats = outputs["wrong"][1]
     n = args.max_tokens - 1
     return {
@@ -200,6 +220,8 @@ def bench_qwen35(args: argparse.Namespace) -> dict | None:
         "identical": {name: out == continuation for name, (out, _) in outputs.items()},
         # extra time per drafted token when every draft is rejected (verify + rollback)
         "rollback_ms_per_drafted_token": 1e3 * (n / rates["wrong"] - n / rates["plain"]) / max(wrong_stats.drafted, 1),
+        **samples,
+        "draft_model": f"{draft_path.name}: random weights, the target's vocabulary (its drafts rarely agree)",
     }
 
 
@@ -231,6 +253,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--qwen35", type=Path, default=Path.home() / ".cache/hyserve/models/realistic_qwen35_q4km.gguf")
+    p.add_argument(
+        "--qwen35-draft",
+        type=Path,
+        default=Path.home() / ".cache/hyserve/models/realistic_qwen35_draft_q8.gguf",
+        help="draft model of the realistic qwen35 (made by make_models.realistic_qwen35_draft when absent)",
+    )
     p.add_argument("--name", default="spec_bench")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
