@@ -1,4 +1,4 @@
-"""The real server with `--spec ngram`: every answer equals plain in-process decoding (greedy and
+"""The real server with `--spec ngram` (and `--spec draft`): every answer equals plain in-process decoding (greedy and
 seeded, one request or four at once sharing the batch, a second turn resumed from the prompt
 cache, a request after a cancelled one), and the vLLM-style draft counters on /metrics move."""
 
@@ -47,10 +47,10 @@ def counters(metrics_port: int) -> dict[str, float]:
     return {name: float(value) for name, value in found}
 
 
-def serve(tmp: Path, model: str) -> Iterator[tuple[str, int]]:
+def serve(tmp: Path, model: str, spec: tuple[str, ...] = ("--spec", "ngram")) -> Iterator[tuple[str, int]]:
     metrics_port = free_port()
     args = ("--model", model, "--parallel", "4", "--ctx-size", "1024", "--threads", "2", "--prompt-chunk", "64")
-    args += ("--spec", "ngram", "--metrics-port", str(metrics_port), "--check-invariants")
+    args += (*spec, "--metrics-port", str(metrics_port), "--check-invariants")
     with running_server(tmp / "server.log", *args) as target:
         yield target, metrics_port
 
@@ -67,6 +67,18 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, s
     tmp = tmp_path_factory.mktemp("hybrid-spec")
     path = make_models.write_model(tmp / "qwen35.gguf", "qwen35", qtype="q8_0")
     for target, metrics_port in serve(tmp, str(path)):
+        yield load_model(path), target, metrics_port
+
+
+@pytest.fixture(scope="module")
+def drafted_hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, str, int]]:
+    """The hybrid fixture served with `--spec draft`, its own file as the draft model: the drafts
+    are its greedy continuation."""
+    from hyserve.model.loader import load_model
+
+    tmp = tmp_path_factory.mktemp("hybrid-draft")
+    path = make_models.write_model(tmp / "qwen35.gguf", "qwen35", qtype="q8_0")
+    for target, metrics_port in serve(tmp, str(path), ("--spec", "draft", "--spec-draft-model", str(path))):
         yield load_model(path), target, metrics_port
 
 
@@ -139,3 +151,15 @@ def test_a_request_turns_speculation_off_or_bounds_its_drafts(gemma_model, gemma
     # one token per draft at most: no more drafted tokens than verifying forwards could hold
     assert 0 < one.usage.draft_tokens <= 24 and one.usage.accepted_draft_tokens <= one.usage.draft_tokens
     assert one.usage.draft_tokens < on.usage.draft_tokens
+
+
+def test_a_draft_model_server_answers_equal_plain_decoding(drafted_hybrid) -> None:
+    model, target, metrics_port = drafted_hybrid
+    prompts = [model.tokenizer.encode(text) for text in COPIES]  # type: ignore[attr-defined]
+    for sampling in ({}, SEEDED):
+        want = [reference(model, p, 24, **sampling) for p in prompts]
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda p, s=sampling: ask(target, p, 24, **s)[1], prompts))
+        assert got == want
+    after = counters(metrics_port)
+    assert after["spec_decode_num_accepted_tokens"] > 24 and after["invariant_violations"] == 0
