@@ -32,6 +32,8 @@ __all__ = [
     "ReuseSource",
     "SlotState",
     "SlotStats",
+    "StoreTier",
+    "TierCounters",
     "Timings",
     "TokenLogprob",
     "ToolCall",
@@ -51,6 +53,15 @@ class ReuseSource(StrEnum):
     SLOT_LIVE = "slot_live"
     CHECKPOINT = "checkpoint"
     PREFIX_STORE = "prefix_store"
+
+
+class StoreTier(StrEnum):
+    """The prefix-store tier a resume's entry came from (proto StoreTier)."""
+
+    UNSPECIFIED = "unspecified"
+    MEMORY = "memory"
+    DISK = "disk"
+    SHARED = "shared"
 
 
 class FinishReason(StrEnum):
@@ -114,6 +125,7 @@ _PROTO_ENUMS: dict[type[StrEnum], Any] = {
     SlotState: pb.SlotState,
     CheckpointKind: pb.CheckpointKind,
     MemoryKind: pb.MemoryKind,
+    StoreTier: pb.StoreTier,
 }
 
 
@@ -140,6 +152,7 @@ class Accepted:
     reuse_source: ReuseSource
     matched_tokens: int
     reprocess_reason: str = ""  # why matched tokens were evaluated again (empty: they were not)
+    store_tier: StoreTier = StoreTier.UNSPECIFIED  # with PREFIX_STORE: the tier the entry came from
 
     @classmethod
     def from_proto(cls, m: pb.Accepted) -> Accepted:
@@ -151,6 +164,7 @@ class Accepted:
             reuse_source=enum_from_proto(ReuseSource, m.reuse_source),
             matched_tokens=m.matched_tokens,
             reprocess_reason=m.reprocess_reason,
+            store_tier=enum_from_proto(StoreTier, m.store_tier),
         )
 
 
@@ -357,6 +371,33 @@ class MemoryUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class TierCounters:
+    """Cumulative counters of one prefix-store tier."""
+
+    tier: StoreTier = StoreTier.UNSPECIFIED
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    errors: int = 0
+    dropped: int = 0
+
+    @classmethod
+    def from_proto(cls, m: pb.TierCounters) -> TierCounters:
+        return cls(
+            tier=enum_from_proto(StoreTier, m.tier),
+            hits=m.hits,
+            misses=m.misses,
+            writes=m.writes,
+            bytes_read=m.bytes_read,
+            bytes_written=m.bytes_written,
+            errors=m.errors,
+            dropped=m.dropped,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class CacheCounters:
     """Cumulative cache counters since the server started."""
 
@@ -375,6 +416,7 @@ class CacheCounters:
     replays: int = 0
     replayed_tokens: int = 0
     input_blocks_evicted: int = 0
+    tiers: tuple[TierCounters, ...] = ()
 
     @classmethod
     def from_proto(cls, m: pb.CacheCounters) -> CacheCounters:
@@ -394,6 +436,7 @@ class CacheCounters:
             replays=m.replays,
             replayed_tokens=m.replayed_tokens,
             input_blocks_evicted=m.input_blocks_evicted,
+            tiers=tuple(TierCounters.from_proto(t) for t in m.tiers),
         )
 
 

@@ -150,6 +150,20 @@ class StatsCollector(Collector):
             "Disk-tier files skipped: corrupt, truncated, another format version or another model.",
             c.disk_cache_rejected,
         )
+        # per tier of the prefix store: hyserve_store_tier_hits_total{tier="shared"} and so on
+        for what, doc in (
+            ("hits", "Entries restored into a slot from this prefix-store tier."),
+            ("misses", "Lookups or loads that found nothing usable in this tier."),
+            ("writes", "Entries written to this tier."),
+            ("bytes_read", "Bytes read from this tier."),
+            ("bytes_written", "Bytes written to this tier."),
+            ("errors", "Tier failures (unreachable, timed out, full, rejected entries); no request fails."),
+            ("dropped", "Entries not written because the tier's writer was behind."),
+        ):
+            family = CounterMetricFamily(f"{PREFIX}_store_tier_{what}", doc, labels=["tier"])
+            for tier, counts in c.tiers.items():
+                family.add_metric([tier], getattr(counts, what))
+            yield family
         yield counter("cache_replays", "Resumes that replayed kept per-token inputs.", c.replays)
         yield counter("cache_replayed_tokens", "Positions reached by replays (no forward pass).", c.replayed_tokens)
         yield counter(

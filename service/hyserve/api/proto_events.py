@@ -25,6 +25,11 @@ _REUSE = {
     ReuseSource.CHECKPOINT: pb.REUSE_SOURCE_CHECKPOINT,
     ReuseSource.PREFIX_STORE: pb.REUSE_SOURCE_PREFIX_STORE,
 }
+_TIER = {
+    "memory": pb.STORE_TIER_MEMORY,
+    "disk": pb.STORE_TIER_DISK,
+    "shared": pb.STORE_TIER_SHARED,
+}
 _FINISH = {
     FinishReason.EOS: pb.FINISH_REASON_EOS,
     FinishReason.STOP_STRING: pb.FINISH_REASON_STOP_STRING,
@@ -65,6 +70,7 @@ class ProtoEvents:
                     reuse_source=_REUSE[event.reuse_source],
                     matched_tokens=event.matched_tokens,
                     reprocess_reason=event.reprocess_reason,
+                    store_tier=_TIER.get(event.store_tier, pb.STORE_TIER_UNSPECIFIED),
                 )
             )
         elif isinstance(event, DeltaEvent):

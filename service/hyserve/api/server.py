@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -48,12 +48,16 @@ from hyserve.api.metrics_http import MetricsEndpoint
 from hyserve.api.raw_codec import add_hyserve_service
 from hyserve.api.security import Security, SecurityConfig, add_security_arguments
 from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime, model_info
+from hyserve.api.shared_cache_args import add_shared_cache_arguments, shared_cache_config
 from hyserve.api.tls import is_loopback
 from hyserve.api.validation import RequestLimits
 from hyserve.device_flags import add_device_arguments, device_request
 from hyserve.model.backend.select import DeviceRequest
 from hyserve.operator_errors import OperatorError, is_operator_error, model_path_error
 from hyserve.spec_flags import add_spec_arguments, spec_config, spec_flag_error
+
+if TYPE_CHECKING:
+    from hyserve.engine.store_tiers.shared import SharedTierConfig
 
 log = structlog.get_logger(__name__)
 
@@ -97,6 +101,7 @@ class ServeConfig:
     cache_memory_mib: int = 2048
     cache_dir: str | None = None  # the prefix store's disk tier (with cache_disk_bytes)
     cache_disk_bytes: int = 0
+    shared_cache: SharedTierConfig | None = None  # the prefix store's shared tier (--cache-redis)
     replay_memory_mib: int = 1024
     metrics_port: int | None = None
     swa_cache: str = "full"
@@ -141,6 +146,7 @@ class ServeConfig:
             cache_memory_mib=args.cache_memory,
             cache_dir=args.cache_dir,
             cache_disk_bytes=args.cache_disk_bytes,
+            shared_cache=shared_cache_config(args),
             replay_memory_mib=args.replay_memory,
             metrics_port=args.metrics_port,
             swa_cache=args.swa_cache,
@@ -196,6 +202,7 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="byte budget of the disk tier, least recently used files go first (0: off)",
     )
+    add_shared_cache_arguments(p)
     p.add_argument(
         "--http-port", type=int, default=None, help="also serve the OpenAI-compatible HTTP API on this port (0: any)"
     )
@@ -325,7 +332,8 @@ def load_runtime(config: ServeConfig) -> Runtime:
             cache_memory=config.cache_memory_mib << 20,
             cache_dir=config.cache_dir,
             cache_disk_bytes=config.cache_disk_bytes,
-            model_identity=model_fingerprint(config.model) if config.cache_dir else "",
+            model_identity=model_fingerprint(config.model) if config.cache_dir or config.shared_cache else "",
+            shared_cache=config.shared_cache,
             replay_memory=config.replay_memory_mib << 20,
             window_ring=config.swa_cache == "ring",
             max_queued_prompt_tokens=config.queued_prompt_tokens,

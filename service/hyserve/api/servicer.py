@@ -9,7 +9,7 @@ deadline passed, the server stops), the call cancels its own task, and only that
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import grpc
@@ -53,6 +53,7 @@ _SLOT_STATE = {
     SlotState.PROCESSING_PROMPT: pb.SLOT_STATE_PROCESSING_PROMPT,
     SlotState.GENERATING: pb.SLOT_STATE_GENERATING,
 }
+_TIER_PB = {"memory": pb.STORE_TIER_MEMORY, "disk": pb.STORE_TIER_DISK, "shared": pb.STORE_TIER_SHARED}
 _CHECKPOINT_KIND = {
     CheckpointKind.MESSAGE_START: pb.CHECKPOINT_KIND_MESSAGE_START,
     CheckpointKind.PROMPT_END: pb.CHECKPOINT_KIND_PROMPT_END,
@@ -234,6 +235,7 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
                 replays=c.replays,
                 replayed_tokens=c.replayed_tokens,
                 input_blocks_evicted=c.input_blocks_evicted,
+                tiers=[pb.TierCounters(tier=_TIER_PB[name], **asdict(t)) for name, t in c.tiers.items()],
             ),
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hyserve.engine.speculative import SpecConfig
+from hyserve.engine.store_tiers.shared import SharedTierConfig
 
 __all__ = ["EngineConfig"]
 
@@ -23,7 +24,8 @@ class EngineConfig:
     replay_memory: int = 1 << 30  # bytes of kept per-token inputs of all slots, for exact resumes (0: off)
     cache_dir: str | None = None  # the prefix store's disk tier (None: off)
     cache_disk_bytes: int = 0  # byte budget of the disk tier's files (0: off)
-    model_identity: str = ""  # names the model file and build in disk entries (store_tiers.format)
+    model_identity: str = ""  # names the model file and build in stored entries (store_tiers.format)
+    shared_cache: SharedTierConfig | None = None  # the prefix store's shared tier on Redis (None: off)
     window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
     max_queued_prompt_tokens: int = 0  # prompt tokens all waiting tasks may hold together (0: no limit)
     check_invariants: bool = False  # test hook: verify I1-I3 after every iteration (doubles the model work)

@@ -154,6 +154,7 @@ class EngineLoop:
                     reuse_source=run.plan.source,
                     matched_tokens=run.plan.matched,
                     reprocess_reason=run.plan.reason or "",
+                    store_tier=self.stash.tier_served(run.slot.index, run.plan.source),
                 )
             )
             if run.first_logits is not None and not run.task.cancelled:  # resumed at the prompt end: logits stored
@@ -170,6 +171,7 @@ class EngineLoop:
         free = [slot for slot in self.slots if slot.run is None]
         if not free:
             return []
+        self.stash.lookup(self.shared.waiting_prompts(), self.slots)  # network: outside the lock
         with self.shared.lock:
             queued = list(self.shared.queue)
             store = self.stash.candidates()
@@ -440,6 +442,7 @@ class EngineLoop:
     def _finish(self, run: Run, reason: FinishReason, stop_string: str = "", stop_token_id: int | None = None) -> None:
         now = time.perf_counter()
         self._release(run)
+        self.stash.finished(run.slot)
         usage, timings = run.usage(), run.timings(now)
         event = FinishedEvent(reason, usage, timings, stop_string=stop_string, stop_token_id=stop_token_id)
         run.task.end(event)

@@ -41,6 +41,16 @@ class Shared:
             for name, n in deltas.items():
                 setattr(self.counters, name, getattr(self.counters, name) + n)
 
+    def count_tier(self, tier: str, **deltas: int) -> None:
+        with self.lock:
+            counters = self.counters.tiers[tier]
+            for name, n in deltas.items():
+                setattr(counters, name, getattr(counters, name) + n)
+
+    def waiting_prompts(self) -> list[tuple[int, ...]]:
+        with self.lock:
+            return [task.prompt for task in list(self.queue)]
+
     def record_end_locked(self, task: Task) -> None:
         if self.live.get(task.id) is task:
             del self.live[task.id]

@@ -15,6 +15,7 @@ from hyserve.engine.prefix_store import PrefixStore
 from hyserve.engine.slot import Slot
 
 __all__ = [
+    "STORE_TIERS",
     "CheckpointInfo",
     "EngineCounters",
     "EngineStats",
@@ -22,6 +23,7 @@ __all__ = [
     "SlotSnapshot",
     "SlotState",
     "StoreSnapshot",
+    "TierCounters",
     "memory_usage",
     "slot_snapshots",
 ]
@@ -50,6 +52,22 @@ class SlotSnapshot:
     checkpoints: tuple[CheckpointInfo, ...] = ()
 
 
+STORE_TIERS = ("memory", "disk", "shared")  # the prefix store's tiers, nearest first
+
+
+@dataclass
+class TierCounters:
+    """One tier of the prefix store: what it served, what it missed, its traffic and failures."""
+
+    hits: int = 0  # entries restored into a slot from this tier
+    misses: int = 0  # lookups or loads that found nothing usable there
+    writes: int = 0  # entries written to it
+    bytes_read: int = 0
+    bytes_written: int = 0
+    errors: int = 0  # failures: unreachable, timed out, full, rejected (corrupt, foreign) entries
+    dropped: int = 0  # entries not written because the writer was behind
+
+
 @dataclass
 class EngineCounters:
     prompt_tokens_received: int = 0
@@ -76,9 +94,11 @@ class EngineCounters:
     spec_accepted_tokens: int = 0  # drafted tokens emitted (the model's own sample agreed)
     invariant_checks: int = 0  # slot/entry checks of I1-I3 (EngineConfig.check_invariants)
     invariant_violations: int = 0
+    tiers: dict[str, TierCounters] = field(default_factory=lambda: {t: TierCounters() for t in STORE_TIERS})
 
     def copy(self) -> EngineCounters:
         c = replace(self)
+        c.tiers = {t: replace(v) for t, v in self.tiers.items()}
         c.full_reprocess_by_reason = dict(self.full_reprocess_by_reason)
         c.reprocessed_tokens_by_reason = dict(self.reprocessed_tokens_by_reason)
         return c

@@ -68,6 +68,7 @@ class AcceptedEvent:
     reuse_source: ReuseSource
     matched_tokens: int
     reprocess_reason: str = ""  # why matched tokens are evaluated again (cache_plan's reason)
+    store_tier: str = ""  # with reuse_source PREFIX_STORE: memory, disk or shared (stats.STORE_TIERS)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,13 @@ class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
     TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
 
+class StoreTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STORE_TIER_UNSPECIFIED: _ClassVar[StoreTier]
+    STORE_TIER_MEMORY: _ClassVar[StoreTier]
+    STORE_TIER_DISK: _ClassVar[StoreTier]
+    STORE_TIER_SHARED: _ClassVar[StoreTier]
+
 class ReuseSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REUSE_SOURCE_UNSPECIFIED: _ClassVar[ReuseSource]
@@ -67,6 +74,10 @@ TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
 TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
 TOOL_CHOICE_MODE_NONE: ToolChoiceMode
 TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
+STORE_TIER_UNSPECIFIED: StoreTier
+STORE_TIER_MEMORY: StoreTier
+STORE_TIER_DISK: StoreTier
+STORE_TIER_SHARED: StoreTier
 REUSE_SOURCE_UNSPECIFIED: ReuseSource
 REUSE_SOURCE_NONE: ReuseSource
 REUSE_SOURCE_SLOT_LIVE: ReuseSource
@@ -274,7 +285,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, accepted: _Optional[_Union[Accepted, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
 
 class Accepted(_message.Message):
-    __slots__ = ("task_id", "slot_index", "prompt_tokens", "reused_tokens", "reuse_source", "matched_tokens", "reprocess_reason")
+    __slots__ = ("task_id", "slot_index", "prompt_tokens", "reused_tokens", "reuse_source", "matched_tokens", "reprocess_reason", "store_tier")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SLOT_INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +293,7 @@ class Accepted(_message.Message):
     REUSE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REPROCESS_REASON_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIER_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     slot_index: int
     prompt_tokens: int
@@ -289,7 +301,8 @@ class Accepted(_message.Message):
     reuse_source: ReuseSource
     matched_tokens: int
     reprocess_reason: str
-    def __init__(self, task_id: _Optional[str] = ..., slot_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reuse_source: _Optional[_Union[ReuseSource, str]] = ..., matched_tokens: _Optional[int] = ..., reprocess_reason: _Optional[str] = ...) -> None: ...
+    store_tier: StoreTier
+    def __init__(self, task_id: _Optional[str] = ..., slot_index: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reuse_source: _Optional[_Union[ReuseSource, str]] = ..., matched_tokens: _Optional[int] = ..., reprocess_reason: _Optional[str] = ..., store_tier: _Optional[_Union[StoreTier, str]] = ...) -> None: ...
 
 class Delta(_message.Message):
     __slots__ = ("token_ids", "text", "logprobs", "reasoning", "tool_calls")
@@ -456,7 +469,7 @@ class PrefixStoreStats(_message.Message):
     def __init__(self, entries: _Optional[int] = ..., bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class CacheCounters(_message.Message):
-    __slots__ = ("prompt_tokens_received", "prompt_tokens_reused", "prompt_tokens_processed", "restores", "full_reprocess_by_reason", "checkpoints_created", "checkpoints_evicted", "checkpoints_invalidated", "prefix_store_hits", "prefix_store_misses", "reprocessed_tokens_by_reason", "prefix_store_evicted", "replays", "replayed_tokens", "input_blocks_evicted")
+    __slots__ = ("prompt_tokens_received", "prompt_tokens_reused", "prompt_tokens_processed", "restores", "full_reprocess_by_reason", "checkpoints_created", "checkpoints_evicted", "checkpoints_invalidated", "prefix_store_hits", "prefix_store_misses", "reprocessed_tokens_by_reason", "prefix_store_evicted", "replays", "replayed_tokens", "input_blocks_evicted", "tiers")
     class FullReprocessByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -486,6 +499,7 @@ class CacheCounters(_message.Message):
     REPLAYS_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INPUT_BLOCKS_EVICTED_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens_received: int
     prompt_tokens_reused: int
     prompt_tokens_processed: int
@@ -501,7 +515,28 @@ class CacheCounters(_message.Message):
     replays: int
     replayed_tokens: int
     input_blocks_evicted: int
-    def __init__(self, prompt_tokens_received: _Optional[int] = ..., prompt_tokens_reused: _Optional[int] = ..., prompt_tokens_processed: _Optional[int] = ..., restores: _Optional[int] = ..., full_reprocess_by_reason: _Optional[_Mapping[str, int]] = ..., checkpoints_created: _Optional[int] = ..., checkpoints_evicted: _Optional[int] = ..., checkpoints_invalidated: _Optional[int] = ..., prefix_store_hits: _Optional[int] = ..., prefix_store_misses: _Optional[int] = ..., reprocessed_tokens_by_reason: _Optional[_Mapping[str, int]] = ..., prefix_store_evicted: _Optional[int] = ..., replays: _Optional[int] = ..., replayed_tokens: _Optional[int] = ..., input_blocks_evicted: _Optional[int] = ...) -> None: ...
+    tiers: _containers.RepeatedCompositeFieldContainer[TierCounters]
+    def __init__(self, prompt_tokens_received: _Optional[int] = ..., prompt_tokens_reused: _Optional[int] = ..., prompt_tokens_processed: _Optional[int] = ..., restores: _Optional[int] = ..., full_reprocess_by_reason: _Optional[_Mapping[str, int]] = ..., checkpoints_created: _Optional[int] = ..., checkpoints_evicted: _Optional[int] = ..., checkpoints_invalidated: _Optional[int] = ..., prefix_store_hits: _Optional[int] = ..., prefix_store_misses: _Optional[int] = ..., reprocessed_tokens_by_reason: _Optional[_Mapping[str, int]] = ..., prefix_store_evicted: _Optional[int] = ..., replays: _Optional[int] = ..., replayed_tokens: _Optional[int] = ..., input_blocks_evicted: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCounters, _Mapping]]] = ...) -> None: ...
+
+class TierCounters(_message.Message):
+    __slots__ = ("tier", "hits", "misses", "writes", "bytes_read", "bytes_written", "errors", "dropped")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    tier: StoreTier
+    hits: int
+    misses: int
+    writes: int
+    bytes_read: int
+    bytes_written: int
+    errors: int
+    dropped: int
+    def __init__(self, tier: _Optional[_Union[StoreTier, str]] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., writes: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class ModelInfoRequest(_message.Message):
     __slots__ = ()

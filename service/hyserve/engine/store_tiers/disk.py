@@ -29,7 +29,7 @@ from hyserve.engine.cache_plan import CachedView, CheckpointView, StoreCandidate
 from hyserve.engine.prefix_store import StoredSequence
 from hyserve.engine.store_tiers.format import EntryFormatError, decode_entry, encode_entry, read_header
 
-__all__ = ["DiskTier"]
+__all__ = ["DiskTier", "header_view"]
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +38,8 @@ TEMP_SUFFIX = ".tmp"
 _HEAD_BYTES = 1 << 16
 
 
-def _view(header: dict) -> CachedView:
+def header_view(header: dict) -> CachedView:
+    """What the resume plan needs of an entry, from its header alone."""
     runs: list[tuple[int, int]] = []
     for b in header["log"]:
         if runs and runs[-1][1] == b["start"]:
@@ -62,13 +63,19 @@ class DiskTier:
     thread; the writer thread updates the index under `_lock`."""
 
     def __init__(
-        self, directory: str | Path, budget_bytes: int, identity: str, count: Callable[..., None] | None = None
+        self,
+        directory: str | Path,
+        budget_bytes: int,
+        identity: str,
+        count: Callable[..., None] | None = None,
+        count_tier: Callable[..., None] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.budget = max(0, budget_bytes)
         self.identity = identity
         self._count = count or (lambda **_: None)
+        self._count_tier = count_tier or (lambda *_, **__: None)
         self._lock = threading.Lock()
         self._index: dict[str, _Indexed] = {}  # file name -> entry
         self._keys: dict[int, str] = {}
@@ -95,7 +102,7 @@ class DiskTier:
                                 raise
                             header = read_header(head + f.read(), self.identity)  # a long header
                     st = path.stat()
-                    self._index[path.name] = _Indexed(path, _view(header), st.st_size, st.st_mtime)
+                    self._index[path.name] = _Indexed(path, header_view(header), st.st_size, st.st_mtime)
                 except (EntryFormatError, KeyError, TypeError, OSError) as exc:
                     self._reject(path, exc)
         log.info("disk_cache_loaded", directory=str(self.directory), entries=len(self._index), bytes=self.bytes)
@@ -104,6 +111,7 @@ class DiskTier:
         reason = exc.reason if isinstance(exc, EntryFormatError) else "corrupt"
         log.warning("disk_cache_entry_skipped", file=path.name, reason=reason, error=str(exc))
         self._count(disk_cache_rejected=1)
+        self._count_tier("disk", errors=1)
         if reason == "corrupt":
             path.unlink(missing_ok=True)
 
@@ -138,8 +146,10 @@ class DiskTier:
             with self._lock:
                 self._index.pop(item.path.name, None)
             self._reject(item.path, exc)
+            self._count_tier("disk", misses=1)
             return None
         self._count(disk_cache_hits=1)
+        self._count_tier("disk", hits=1, bytes_read=item.size)
         return entry
 
     # -- writes --------------------------------------------------------------------------------
@@ -165,6 +175,7 @@ class DiskTier:
                     return
                 self.write(entry)
             except Exception:  # a full disk or a bug: the entry stays in memory only
+                self._count_tier("disk", errors=1)
                 log.exception("disk_cache_write_failed")
             finally:
                 self._queue.task_done()
@@ -200,4 +211,5 @@ class DiskTier:
             for n in doomed:
                 self._index.pop(n).path.unlink(missing_ok=True)
         self._count(disk_cache_writes=1, disk_cache_evicted=len(doomed))
+        self._count_tier("disk", writes=1, bytes_written=len(data))
         return True

@@ -90,6 +90,63 @@ func (ToolChoiceMode) EnumDescriptor() ([]byte, []int) {
 	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{0}
 }
 
+// StoreTier names a tier of the prefix store, nearest first.
+type StoreTier int32
+
+const (
+	// Not a prefix-store resume.
+	StoreTier_STORE_TIER_UNSPECIFIED StoreTier = 0
+	// The replica's host-memory store (--cache-memory).
+	StoreTier_STORE_TIER_MEMORY StoreTier = 1
+	// The replica's disk tier (--cache-dir), which survives a restart.
+	StoreTier_STORE_TIER_DISK StoreTier = 2
+	// The shared tier on Redis or Valkey (--cache-redis), which every replica reads.
+	StoreTier_STORE_TIER_SHARED StoreTier = 3
+)
+
+// Enum value maps for StoreTier.
+var (
+	StoreTier_name = map[int32]string{
+		0: "STORE_TIER_UNSPECIFIED",
+		1: "STORE_TIER_MEMORY",
+		2: "STORE_TIER_DISK",
+		3: "STORE_TIER_SHARED",
+	}
+	StoreTier_value = map[string]int32{
+		"STORE_TIER_UNSPECIFIED": 0,
+		"STORE_TIER_MEMORY":      1,
+		"STORE_TIER_DISK":        2,
+		"STORE_TIER_SHARED":      3,
+	}
+)
+
+func (x StoreTier) Enum() *StoreTier {
+	p := new(StoreTier)
+	*p = x
+	return p
+}
+
+func (x StoreTier) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StoreTier) Descriptor() protoreflect.EnumDescriptor {
+	return file_hyserve_v1_hyserve_proto_enumTypes[1].Descriptor()
+}
+
+func (StoreTier) Type() protoreflect.EnumType {
+	return &file_hyserve_v1_hyserve_proto_enumTypes[1]
+}
+
+func (x StoreTier) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StoreTier.Descriptor instead.
+func (StoreTier) EnumDescriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{1}
+}
+
 // ReuseSource says where the reused prompt state came from.
 type ReuseSource int32
 
@@ -136,11 +193,11 @@ func (x ReuseSource) String() string {
 }
 
 func (ReuseSource) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[1].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[2].Descriptor()
 }
 
 func (ReuseSource) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[1]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[2]
 }
 
 func (x ReuseSource) Number() protoreflect.EnumNumber {
@@ -149,7 +206,7 @@ func (x ReuseSource) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReuseSource.Descriptor instead.
 func (ReuseSource) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{1}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{2}
 }
 
 // FinishReason says why generation ended.
@@ -209,11 +266,11 @@ func (x FinishReason) String() string {
 }
 
 func (FinishReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[2].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[3].Descriptor()
 }
 
 func (FinishReason) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[2]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[3]
 }
 
 func (x FinishReason) Number() protoreflect.EnumNumber {
@@ -222,7 +279,7 @@ func (x FinishReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FinishReason.Descriptor instead.
 func (FinishReason) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{2}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{3}
 }
 
 // CancelStatus is the outcome of a Cancel.
@@ -274,11 +331,11 @@ func (x CancelStatus) String() string {
 }
 
 func (CancelStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[3].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[4].Descriptor()
 }
 
 func (CancelStatus) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[3]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[4]
 }
 
 func (x CancelStatus) Number() protoreflect.EnumNumber {
@@ -287,7 +344,7 @@ func (x CancelStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CancelStatus.Descriptor instead.
 func (CancelStatus) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{3}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{4}
 }
 
 // SlotState is what a slot is doing.
@@ -331,11 +388,11 @@ func (x SlotState) String() string {
 }
 
 func (SlotState) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[4].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[5].Descriptor()
 }
 
 func (SlotState) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[4]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[5]
 }
 
 func (x SlotState) Number() protoreflect.EnumNumber {
@@ -344,7 +401,7 @@ func (x SlotState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SlotState.Descriptor instead.
 func (SlotState) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{4}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{5}
 }
 
 // CheckpointKind says why a checkpoint was taken.
@@ -392,11 +449,11 @@ func (x CheckpointKind) String() string {
 }
 
 func (CheckpointKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[5].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[6].Descriptor()
 }
 
 func (CheckpointKind) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[5]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[6]
 }
 
 func (x CheckpointKind) Number() protoreflect.EnumNumber {
@@ -405,7 +462,7 @@ func (x CheckpointKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CheckpointKind.Descriptor instead.
 func (CheckpointKind) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{5}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{6}
 }
 
 // MemoryKind is the kind of per-sequence memory a model keeps.
@@ -454,11 +511,11 @@ func (x MemoryKind) String() string {
 }
 
 func (MemoryKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_hyserve_v1_hyserve_proto_enumTypes[6].Descriptor()
+	return file_hyserve_v1_hyserve_proto_enumTypes[7].Descriptor()
 }
 
 func (MemoryKind) Type() protoreflect.EnumType {
-	return &file_hyserve_v1_hyserve_proto_enumTypes[6]
+	return &file_hyserve_v1_hyserve_proto_enumTypes[7]
 }
 
 func (x MemoryKind) Number() protoreflect.EnumNumber {
@@ -467,7 +524,7 @@ func (x MemoryKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MemoryKind.Descriptor instead.
 func (MemoryKind) EnumDescriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{6}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{7}
 }
 
 // GenerateRequest asks for one completion of one input.
@@ -1734,8 +1791,12 @@ type Accepted struct {
 	// Why matched tokens are evaluated again (matched_tokens > reused_tokens), or why nothing is
 	// reused; empty otherwise. One of the reasons of CacheCounters.reprocessed_tokens_by_reason.
 	ReprocessReason string `protobuf:"bytes,7,opt,name=reprocess_reason,json=reprocessReason,proto3" json:"reprocess_reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// With reuse_source REUSE_SOURCE_PREFIX_STORE: the tier of the prefix store the restored entry
+	// came from (STORE_TIER_SHARED: another replica, or this one before a restart, wrote it).
+	// STORE_TIER_UNSPECIFIED for every other source.
+	StoreTier     StoreTier `protobuf:"varint,8,opt,name=store_tier,json=storeTier,proto3,enum=hyserve.v1.StoreTier" json:"store_tier,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Accepted) Reset() {
@@ -1815,6 +1876,13 @@ func (x *Accepted) GetReprocessReason() string {
 		return x.ReprocessReason
 	}
 	return ""
+}
+
+func (x *Accepted) GetStoreTier() StoreTier {
+	if x != nil {
+		return x.StoreTier
+	}
+	return StoreTier_STORE_TIER_UNSPECIFIED
 }
 
 // Delta carries newly generated tokens. Deltas never repeat earlier content: concatenating all
@@ -2895,8 +2963,10 @@ type CacheCounters struct {
 	ReplayedTokens uint64 `protobuf:"varint,14,opt,name=replayed_tokens,json=replayedTokens,proto3" json:"replayed_tokens,omitempty"`
 	// Blocks of kept per-token inputs dropped to stay within their byte budget.
 	InputBlocksEvicted uint64 `protobuf:"varint,15,opt,name=input_blocks_evicted,json=inputBlocksEvicted,proto3" json:"input_blocks_evicted,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Per tier of the prefix store, nearest first (memory, disk, shared; all zero when not configured).
+	Tiers         []*TierCounters `protobuf:"bytes,16,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CacheCounters) Reset() {
@@ -3034,6 +3104,125 @@ func (x *CacheCounters) GetInputBlocksEvicted() uint64 {
 	return 0
 }
 
+func (x *CacheCounters) GetTiers() []*TierCounters {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+// TierCounters are the cumulative counters of one prefix-store tier.
+type TierCounters struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which tier.
+	Tier StoreTier `protobuf:"varint,1,opt,name=tier,proto3,enum=hyserve.v1.StoreTier" json:"tier,omitempty"`
+	// Entries restored from this tier into a slot (the resumes it served).
+	Hits uint64 `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
+	// Lookups or loads that found nothing usable in this tier: for the memory tier, admissions
+	// whose store lookup found nothing better than the slot; for the shared tier, also entries whose
+	// keys the server had expired or evicted.
+	Misses uint64 `protobuf:"varint,3,opt,name=misses,proto3" json:"misses,omitempty"`
+	// Entries written to this tier.
+	Writes uint64 `protobuf:"varint,4,opt,name=writes,proto3" json:"writes,omitempty"`
+	// Bytes read from this tier (restored entries; for the shared tier also index lookups).
+	BytesRead uint64 `protobuf:"varint,5,opt,name=bytes_read,json=bytesRead,proto3" json:"bytes_read,omitempty"`
+	// Bytes written to this tier.
+	BytesWritten uint64 `protobuf:"varint,6,opt,name=bytes_written,json=bytesWritten,proto3" json:"bytes_written,omitempty"`
+	// Failures, none of which fails a request: the store unreachable, timed out or out of memory,
+	// entries rejected as corrupt or written for another model or build.
+	Errors uint64 `protobuf:"varint,7,opt,name=errors,proto3" json:"errors,omitempty"`
+	// Entries not written because the tier's writer was behind.
+	Dropped       uint64 `protobuf:"varint,8,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierCounters) Reset() {
+	*x = TierCounters{}
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierCounters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierCounters) ProtoMessage() {}
+
+func (x *TierCounters) ProtoReflect() protoreflect.Message {
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierCounters.ProtoReflect.Descriptor instead.
+func (*TierCounters) Descriptor() ([]byte, []int) {
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *TierCounters) GetTier() StoreTier {
+	if x != nil {
+		return x.Tier
+	}
+	return StoreTier_STORE_TIER_UNSPECIFIED
+}
+
+func (x *TierCounters) GetHits() uint64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *TierCounters) GetMisses() uint64 {
+	if x != nil {
+		return x.Misses
+	}
+	return 0
+}
+
+func (x *TierCounters) GetWrites() uint64 {
+	if x != nil {
+		return x.Writes
+	}
+	return 0
+}
+
+func (x *TierCounters) GetBytesRead() uint64 {
+	if x != nil {
+		return x.BytesRead
+	}
+	return 0
+}
+
+func (x *TierCounters) GetBytesWritten() uint64 {
+	if x != nil {
+		return x.BytesWritten
+	}
+	return 0
+}
+
+func (x *TierCounters) GetErrors() uint64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
+func (x *TierCounters) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
 // ModelInfoRequest asks for the model description. No fields yet.
 type ModelInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3043,7 +3232,7 @@ type ModelInfoRequest struct {
 
 func (x *ModelInfoRequest) Reset() {
 	*x = ModelInfoRequest{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3055,7 +3244,7 @@ func (x *ModelInfoRequest) String() string {
 func (*ModelInfoRequest) ProtoMessage() {}
 
 func (x *ModelInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[31]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3068,7 +3257,7 @@ func (x *ModelInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfoRequest.ProtoReflect.Descriptor instead.
 func (*ModelInfoRequest) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{31}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{32}
 }
 
 // ModelInfoResponse describes the loaded model and the server.
@@ -3114,7 +3303,7 @@ type ModelInfoResponse struct {
 
 func (x *ModelInfoResponse) Reset() {
 	*x = ModelInfoResponse{}
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[32]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3126,7 +3315,7 @@ func (x *ModelInfoResponse) String() string {
 func (*ModelInfoResponse) ProtoMessage() {}
 
 func (x *ModelInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hyserve_v1_hyserve_proto_msgTypes[32]
+	mi := &file_hyserve_v1_hyserve_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3139,7 +3328,7 @@ func (x *ModelInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfoResponse.ProtoReflect.Descriptor instead.
 func (*ModelInfoResponse) Descriptor() ([]byte, []int) {
-	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{32}
+	return file_hyserve_v1_hyserve_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ModelInfoResponse) GetModelPath() string {
@@ -3365,7 +3554,7 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\baccepted\x18\x01 \x01(\v2\x14.hyserve.v1.AcceptedH\x00R\baccepted\x12)\n" +
 	"\x05delta\x18\x02 \x01(\v2\x11.hyserve.v1.DeltaH\x00R\x05delta\x122\n" +
 	"\bfinished\x18\x03 \x01(\v2\x14.hyserve.v1.FinishedH\x00R\bfinishedB\a\n" +
-	"\x05event\"\x9a\x02\n" +
+	"\x05event\"\xd0\x02\n" +
 	"\bAccepted\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1d\n" +
 	"\n" +
@@ -3374,7 +3563,9 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\rreused_tokens\x18\x04 \x01(\rR\freusedTokens\x12:\n" +
 	"\freuse_source\x18\x05 \x01(\x0e2\x17.hyserve.v1.ReuseSourceR\vreuseSource\x12%\n" +
 	"\x0ematched_tokens\x18\x06 \x01(\rR\rmatchedTokens\x12)\n" +
-	"\x10reprocess_reason\x18\a \x01(\tR\x0freprocessReason\"\xc6\x01\n" +
+	"\x10reprocess_reason\x18\a \x01(\tR\x0freprocessReason\x124\n" +
+	"\n" +
+	"store_tier\x18\b \x01(\x0e2\x15.hyserve.v1.StoreTierR\tstoreTier\"\xc6\x01\n" +
 	"\x05Delta\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x124\n" +
@@ -3448,7 +3639,7 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x10PrefixStoreStats\x12\x18\n" +
 	"\aentries\x18\x01 \x01(\rR\aentries\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12!\n" +
-	"\fbudget_bytes\x18\x03 \x01(\x04R\vbudgetBytes\"\xeb\a\n" +
+	"\fbudget_bytes\x18\x03 \x01(\x04R\vbudgetBytes\"\x9b\b\n" +
 	"\rCacheCounters\x124\n" +
 	"\x16prompt_tokens_received\x18\x01 \x01(\x04R\x14promptTokensReceived\x120\n" +
 	"\x14prompt_tokens_reused\x18\x02 \x01(\x04R\x12promptTokensReused\x126\n" +
@@ -3465,13 +3656,24 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x14prefix_store_evicted\x18\f \x01(\x04R\x12prefixStoreEvicted\x12\x18\n" +
 	"\areplays\x18\r \x01(\x04R\areplays\x12'\n" +
 	"\x0freplayed_tokens\x18\x0e \x01(\x04R\x0ereplayedTokens\x120\n" +
-	"\x14input_blocks_evicted\x18\x0f \x01(\x04R\x12inputBlocksEvicted\x1aH\n" +
+	"\x14input_blocks_evicted\x18\x0f \x01(\x04R\x12inputBlocksEvicted\x12.\n" +
+	"\x05tiers\x18\x10 \x03(\v2\x18.hyserve.v1.TierCountersR\x05tiers\x1aH\n" +
 	"\x1aFullReprocessByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1aL\n" +
 	"\x1eReprocessedTokensByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x12\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xf3\x01\n" +
+	"\fTierCounters\x12)\n" +
+	"\x04tier\x18\x01 \x01(\x0e2\x15.hyserve.v1.StoreTierR\x04tier\x12\x12\n" +
+	"\x04hits\x18\x02 \x01(\x04R\x04hits\x12\x16\n" +
+	"\x06misses\x18\x03 \x01(\x04R\x06misses\x12\x16\n" +
+	"\x06writes\x18\x04 \x01(\x04R\x06writes\x12\x1d\n" +
+	"\n" +
+	"bytes_read\x18\x05 \x01(\x04R\tbytesRead\x12#\n" +
+	"\rbytes_written\x18\x06 \x01(\x04R\fbytesWritten\x12\x16\n" +
+	"\x06errors\x18\a \x01(\x04R\x06errors\x12\x18\n" +
+	"\adropped\x18\b \x01(\x04R\adropped\"\x12\n" +
 	"\x10ModelInfoRequest\"\xc2\x04\n" +
 	"\x11ModelInfoResponse\x12\x1d\n" +
 	"\n" +
@@ -3501,7 +3703,12 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n" +
 	"\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n" +
-	"\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*\x9a\x01\n" +
+	"\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*j\n" +
+	"\tStoreTier\x12\x1a\n" +
+	"\x16STORE_TIER_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11STORE_TIER_MEMORY\x10\x01\x12\x13\n" +
+	"\x0fSTORE_TIER_DISK\x10\x02\x12\x15\n" +
+	"\x11STORE_TIER_SHARED\x10\x03*\x9a\x01\n" +
 	"\vReuseSource\x12\x1c\n" +
 	"\x18REUSE_SOURCE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11REUSE_SOURCE_NONE\x10\x01\x12\x1a\n" +
@@ -3562,103 +3769,108 @@ func file_hyserve_v1_hyserve_proto_rawDescGZIP() []byte {
 	return file_hyserve_v1_hyserve_proto_rawDescData
 }
 
-var file_hyserve_v1_hyserve_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_hyserve_v1_hyserve_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_hyserve_v1_hyserve_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_hyserve_v1_hyserve_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_hyserve_v1_hyserve_proto_goTypes = []any{
 	(ToolChoiceMode)(0),        // 0: hyserve.v1.ToolChoiceMode
-	(ReuseSource)(0),           // 1: hyserve.v1.ReuseSource
-	(FinishReason)(0),          // 2: hyserve.v1.FinishReason
-	(CancelStatus)(0),          // 3: hyserve.v1.CancelStatus
-	(SlotState)(0),             // 4: hyserve.v1.SlotState
-	(CheckpointKind)(0),        // 5: hyserve.v1.CheckpointKind
-	(MemoryKind)(0),            // 6: hyserve.v1.MemoryKind
-	(*GenerateRequest)(nil),    // 7: hyserve.v1.GenerateRequest
-	(*SpeculativeOptions)(nil), // 8: hyserve.v1.SpeculativeOptions
-	(*TextInput)(nil),          // 9: hyserve.v1.TextInput
-	(*TokenInput)(nil),         // 10: hyserve.v1.TokenInput
-	(*ChatInput)(nil),          // 11: hyserve.v1.ChatInput
-	(*Tool)(nil),               // 12: hyserve.v1.Tool
-	(*ToolChoice)(nil),         // 13: hyserve.v1.ToolChoice
-	(*ToolCall)(nil),           // 14: hyserve.v1.ToolCall
-	(*ChatMessage)(nil),        // 15: hyserve.v1.ChatMessage
-	(*SamplingParams)(nil),     // 16: hyserve.v1.SamplingParams
-	(*Constraint)(nil),         // 17: hyserve.v1.Constraint
-	(*StoppingCriteria)(nil),   // 18: hyserve.v1.StoppingCriteria
-	(*CacheOptions)(nil),       // 19: hyserve.v1.CacheOptions
-	(*GenerateResponse)(nil),   // 20: hyserve.v1.GenerateResponse
-	(*Accepted)(nil),           // 21: hyserve.v1.Accepted
-	(*Delta)(nil),              // 22: hyserve.v1.Delta
-	(*ToolCallDelta)(nil),      // 23: hyserve.v1.ToolCallDelta
-	(*TokenLogprob)(nil),       // 24: hyserve.v1.TokenLogprob
-	(*TopLogprob)(nil),         // 25: hyserve.v1.TopLogprob
-	(*Finished)(nil),           // 26: hyserve.v1.Finished
-	(*Usage)(nil),              // 27: hyserve.v1.Usage
-	(*Timings)(nil),            // 28: hyserve.v1.Timings
-	(*CancelRequest)(nil),      // 29: hyserve.v1.CancelRequest
-	(*CancelResponse)(nil),     // 30: hyserve.v1.CancelResponse
-	(*CacheStatsRequest)(nil),  // 31: hyserve.v1.CacheStatsRequest
-	(*CacheStatsResponse)(nil), // 32: hyserve.v1.CacheStatsResponse
-	(*MemoryUsage)(nil),        // 33: hyserve.v1.MemoryUsage
-	(*SlotStats)(nil),          // 34: hyserve.v1.SlotStats
-	(*CheckpointInfo)(nil),     // 35: hyserve.v1.CheckpointInfo
-	(*PrefixStoreStats)(nil),   // 36: hyserve.v1.PrefixStoreStats
-	(*CacheCounters)(nil),      // 37: hyserve.v1.CacheCounters
-	(*ModelInfoRequest)(nil),   // 38: hyserve.v1.ModelInfoRequest
-	(*ModelInfoResponse)(nil),  // 39: hyserve.v1.ModelInfoResponse
-	nil,                        // 40: hyserve.v1.CacheCounters.FullReprocessByReasonEntry
-	nil,                        // 41: hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
-	(*structpb.Struct)(nil),    // 42: google.protobuf.Struct
+	(StoreTier)(0),             // 1: hyserve.v1.StoreTier
+	(ReuseSource)(0),           // 2: hyserve.v1.ReuseSource
+	(FinishReason)(0),          // 3: hyserve.v1.FinishReason
+	(CancelStatus)(0),          // 4: hyserve.v1.CancelStatus
+	(SlotState)(0),             // 5: hyserve.v1.SlotState
+	(CheckpointKind)(0),        // 6: hyserve.v1.CheckpointKind
+	(MemoryKind)(0),            // 7: hyserve.v1.MemoryKind
+	(*GenerateRequest)(nil),    // 8: hyserve.v1.GenerateRequest
+	(*SpeculativeOptions)(nil), // 9: hyserve.v1.SpeculativeOptions
+	(*TextInput)(nil),          // 10: hyserve.v1.TextInput
+	(*TokenInput)(nil),         // 11: hyserve.v1.TokenInput
+	(*ChatInput)(nil),          // 12: hyserve.v1.ChatInput
+	(*Tool)(nil),               // 13: hyserve.v1.Tool
+	(*ToolChoice)(nil),         // 14: hyserve.v1.ToolChoice
+	(*ToolCall)(nil),           // 15: hyserve.v1.ToolCall
+	(*ChatMessage)(nil),        // 16: hyserve.v1.ChatMessage
+	(*SamplingParams)(nil),     // 17: hyserve.v1.SamplingParams
+	(*Constraint)(nil),         // 18: hyserve.v1.Constraint
+	(*StoppingCriteria)(nil),   // 19: hyserve.v1.StoppingCriteria
+	(*CacheOptions)(nil),       // 20: hyserve.v1.CacheOptions
+	(*GenerateResponse)(nil),   // 21: hyserve.v1.GenerateResponse
+	(*Accepted)(nil),           // 22: hyserve.v1.Accepted
+	(*Delta)(nil),              // 23: hyserve.v1.Delta
+	(*ToolCallDelta)(nil),      // 24: hyserve.v1.ToolCallDelta
+	(*TokenLogprob)(nil),       // 25: hyserve.v1.TokenLogprob
+	(*TopLogprob)(nil),         // 26: hyserve.v1.TopLogprob
+	(*Finished)(nil),           // 27: hyserve.v1.Finished
+	(*Usage)(nil),              // 28: hyserve.v1.Usage
+	(*Timings)(nil),            // 29: hyserve.v1.Timings
+	(*CancelRequest)(nil),      // 30: hyserve.v1.CancelRequest
+	(*CancelResponse)(nil),     // 31: hyserve.v1.CancelResponse
+	(*CacheStatsRequest)(nil),  // 32: hyserve.v1.CacheStatsRequest
+	(*CacheStatsResponse)(nil), // 33: hyserve.v1.CacheStatsResponse
+	(*MemoryUsage)(nil),        // 34: hyserve.v1.MemoryUsage
+	(*SlotStats)(nil),          // 35: hyserve.v1.SlotStats
+	(*CheckpointInfo)(nil),     // 36: hyserve.v1.CheckpointInfo
+	(*PrefixStoreStats)(nil),   // 37: hyserve.v1.PrefixStoreStats
+	(*CacheCounters)(nil),      // 38: hyserve.v1.CacheCounters
+	(*TierCounters)(nil),       // 39: hyserve.v1.TierCounters
+	(*ModelInfoRequest)(nil),   // 40: hyserve.v1.ModelInfoRequest
+	(*ModelInfoResponse)(nil),  // 41: hyserve.v1.ModelInfoResponse
+	nil,                        // 42: hyserve.v1.CacheCounters.FullReprocessByReasonEntry
+	nil,                        // 43: hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
+	(*structpb.Struct)(nil),    // 44: google.protobuf.Struct
 }
 var file_hyserve_v1_hyserve_proto_depIdxs = []int32{
-	9,  // 0: hyserve.v1.GenerateRequest.text:type_name -> hyserve.v1.TextInput
-	10, // 1: hyserve.v1.GenerateRequest.tokens:type_name -> hyserve.v1.TokenInput
-	11, // 2: hyserve.v1.GenerateRequest.chat:type_name -> hyserve.v1.ChatInput
-	16, // 3: hyserve.v1.GenerateRequest.sampling:type_name -> hyserve.v1.SamplingParams
-	18, // 4: hyserve.v1.GenerateRequest.stopping:type_name -> hyserve.v1.StoppingCriteria
-	19, // 5: hyserve.v1.GenerateRequest.cache:type_name -> hyserve.v1.CacheOptions
-	8,  // 6: hyserve.v1.GenerateRequest.speculative:type_name -> hyserve.v1.SpeculativeOptions
-	15, // 7: hyserve.v1.ChatInput.messages:type_name -> hyserve.v1.ChatMessage
-	42, // 8: hyserve.v1.ChatInput.chat_template_kwargs:type_name -> google.protobuf.Struct
-	12, // 9: hyserve.v1.ChatInput.tools:type_name -> hyserve.v1.Tool
-	13, // 10: hyserve.v1.ChatInput.tool_choice:type_name -> hyserve.v1.ToolChoice
+	10, // 0: hyserve.v1.GenerateRequest.text:type_name -> hyserve.v1.TextInput
+	11, // 1: hyserve.v1.GenerateRequest.tokens:type_name -> hyserve.v1.TokenInput
+	12, // 2: hyserve.v1.GenerateRequest.chat:type_name -> hyserve.v1.ChatInput
+	17, // 3: hyserve.v1.GenerateRequest.sampling:type_name -> hyserve.v1.SamplingParams
+	19, // 4: hyserve.v1.GenerateRequest.stopping:type_name -> hyserve.v1.StoppingCriteria
+	20, // 5: hyserve.v1.GenerateRequest.cache:type_name -> hyserve.v1.CacheOptions
+	9,  // 6: hyserve.v1.GenerateRequest.speculative:type_name -> hyserve.v1.SpeculativeOptions
+	16, // 7: hyserve.v1.ChatInput.messages:type_name -> hyserve.v1.ChatMessage
+	44, // 8: hyserve.v1.ChatInput.chat_template_kwargs:type_name -> google.protobuf.Struct
+	13, // 9: hyserve.v1.ChatInput.tools:type_name -> hyserve.v1.Tool
+	14, // 10: hyserve.v1.ChatInput.tool_choice:type_name -> hyserve.v1.ToolChoice
 	0,  // 11: hyserve.v1.ToolChoice.mode:type_name -> hyserve.v1.ToolChoiceMode
-	14, // 12: hyserve.v1.ChatMessage.tool_calls:type_name -> hyserve.v1.ToolCall
-	17, // 13: hyserve.v1.SamplingParams.constraint:type_name -> hyserve.v1.Constraint
-	21, // 14: hyserve.v1.GenerateResponse.accepted:type_name -> hyserve.v1.Accepted
-	22, // 15: hyserve.v1.GenerateResponse.delta:type_name -> hyserve.v1.Delta
-	26, // 16: hyserve.v1.GenerateResponse.finished:type_name -> hyserve.v1.Finished
-	1,  // 17: hyserve.v1.Accepted.reuse_source:type_name -> hyserve.v1.ReuseSource
-	24, // 18: hyserve.v1.Delta.logprobs:type_name -> hyserve.v1.TokenLogprob
-	23, // 19: hyserve.v1.Delta.tool_calls:type_name -> hyserve.v1.ToolCallDelta
-	25, // 20: hyserve.v1.TokenLogprob.top_logprobs:type_name -> hyserve.v1.TopLogprob
-	2,  // 21: hyserve.v1.Finished.reason:type_name -> hyserve.v1.FinishReason
-	27, // 22: hyserve.v1.Finished.usage:type_name -> hyserve.v1.Usage
-	28, // 23: hyserve.v1.Finished.timings:type_name -> hyserve.v1.Timings
-	14, // 24: hyserve.v1.Finished.tool_calls:type_name -> hyserve.v1.ToolCall
-	3,  // 25: hyserve.v1.CancelResponse.status:type_name -> hyserve.v1.CancelStatus
-	34, // 26: hyserve.v1.CacheStatsResponse.slots:type_name -> hyserve.v1.SlotStats
-	36, // 27: hyserve.v1.CacheStatsResponse.prefix_store:type_name -> hyserve.v1.PrefixStoreStats
-	37, // 28: hyserve.v1.CacheStatsResponse.counters:type_name -> hyserve.v1.CacheCounters
-	33, // 29: hyserve.v1.CacheStatsResponse.memory:type_name -> hyserve.v1.MemoryUsage
-	4,  // 30: hyserve.v1.SlotStats.state:type_name -> hyserve.v1.SlotState
-	35, // 31: hyserve.v1.SlotStats.checkpoints:type_name -> hyserve.v1.CheckpointInfo
-	5,  // 32: hyserve.v1.CheckpointInfo.kind:type_name -> hyserve.v1.CheckpointKind
-	40, // 33: hyserve.v1.CacheCounters.full_reprocess_by_reason:type_name -> hyserve.v1.CacheCounters.FullReprocessByReasonEntry
-	41, // 34: hyserve.v1.CacheCounters.reprocessed_tokens_by_reason:type_name -> hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
-	6,  // 35: hyserve.v1.ModelInfoResponse.memory_kind:type_name -> hyserve.v1.MemoryKind
-	7,  // 36: hyserve.v1.HyserveService.Generate:input_type -> hyserve.v1.GenerateRequest
-	29, // 37: hyserve.v1.HyserveService.Cancel:input_type -> hyserve.v1.CancelRequest
-	31, // 38: hyserve.v1.HyserveService.CacheStats:input_type -> hyserve.v1.CacheStatsRequest
-	38, // 39: hyserve.v1.HyserveService.ModelInfo:input_type -> hyserve.v1.ModelInfoRequest
-	20, // 40: hyserve.v1.HyserveService.Generate:output_type -> hyserve.v1.GenerateResponse
-	30, // 41: hyserve.v1.HyserveService.Cancel:output_type -> hyserve.v1.CancelResponse
-	32, // 42: hyserve.v1.HyserveService.CacheStats:output_type -> hyserve.v1.CacheStatsResponse
-	39, // 43: hyserve.v1.HyserveService.ModelInfo:output_type -> hyserve.v1.ModelInfoResponse
-	40, // [40:44] is the sub-list for method output_type
-	36, // [36:40] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	15, // 12: hyserve.v1.ChatMessage.tool_calls:type_name -> hyserve.v1.ToolCall
+	18, // 13: hyserve.v1.SamplingParams.constraint:type_name -> hyserve.v1.Constraint
+	22, // 14: hyserve.v1.GenerateResponse.accepted:type_name -> hyserve.v1.Accepted
+	23, // 15: hyserve.v1.GenerateResponse.delta:type_name -> hyserve.v1.Delta
+	27, // 16: hyserve.v1.GenerateResponse.finished:type_name -> hyserve.v1.Finished
+	2,  // 17: hyserve.v1.Accepted.reuse_source:type_name -> hyserve.v1.ReuseSource
+	1,  // 18: hyserve.v1.Accepted.store_tier:type_name -> hyserve.v1.StoreTier
+	25, // 19: hyserve.v1.Delta.logprobs:type_name -> hyserve.v1.TokenLogprob
+	24, // 20: hyserve.v1.Delta.tool_calls:type_name -> hyserve.v1.ToolCallDelta
+	26, // 21: hyserve.v1.TokenLogprob.top_logprobs:type_name -> hyserve.v1.TopLogprob
+	3,  // 22: hyserve.v1.Finished.reason:type_name -> hyserve.v1.FinishReason
+	28, // 23: hyserve.v1.Finished.usage:type_name -> hyserve.v1.Usage
+	29, // 24: hyserve.v1.Finished.timings:type_name -> hyserve.v1.Timings
+	15, // 25: hyserve.v1.Finished.tool_calls:type_name -> hyserve.v1.ToolCall
+	4,  // 26: hyserve.v1.CancelResponse.status:type_name -> hyserve.v1.CancelStatus
+	35, // 27: hyserve.v1.CacheStatsResponse.slots:type_name -> hyserve.v1.SlotStats
+	37, // 28: hyserve.v1.CacheStatsResponse.prefix_store:type_name -> hyserve.v1.PrefixStoreStats
+	38, // 29: hyserve.v1.CacheStatsResponse.counters:type_name -> hyserve.v1.CacheCounters
+	34, // 30: hyserve.v1.CacheStatsResponse.memory:type_name -> hyserve.v1.MemoryUsage
+	5,  // 31: hyserve.v1.SlotStats.state:type_name -> hyserve.v1.SlotState
+	36, // 32: hyserve.v1.SlotStats.checkpoints:type_name -> hyserve.v1.CheckpointInfo
+	6,  // 33: hyserve.v1.CheckpointInfo.kind:type_name -> hyserve.v1.CheckpointKind
+	42, // 34: hyserve.v1.CacheCounters.full_reprocess_by_reason:type_name -> hyserve.v1.CacheCounters.FullReprocessByReasonEntry
+	43, // 35: hyserve.v1.CacheCounters.reprocessed_tokens_by_reason:type_name -> hyserve.v1.CacheCounters.ReprocessedTokensByReasonEntry
+	39, // 36: hyserve.v1.CacheCounters.tiers:type_name -> hyserve.v1.TierCounters
+	1,  // 37: hyserve.v1.TierCounters.tier:type_name -> hyserve.v1.StoreTier
+	7,  // 38: hyserve.v1.ModelInfoResponse.memory_kind:type_name -> hyserve.v1.MemoryKind
+	8,  // 39: hyserve.v1.HyserveService.Generate:input_type -> hyserve.v1.GenerateRequest
+	30, // 40: hyserve.v1.HyserveService.Cancel:input_type -> hyserve.v1.CancelRequest
+	32, // 41: hyserve.v1.HyserveService.CacheStats:input_type -> hyserve.v1.CacheStatsRequest
+	40, // 42: hyserve.v1.HyserveService.ModelInfo:input_type -> hyserve.v1.ModelInfoRequest
+	21, // 43: hyserve.v1.HyserveService.Generate:output_type -> hyserve.v1.GenerateResponse
+	31, // 44: hyserve.v1.HyserveService.Cancel:output_type -> hyserve.v1.CancelResponse
+	33, // 45: hyserve.v1.HyserveService.CacheStats:output_type -> hyserve.v1.CacheStatsResponse
+	41, // 46: hyserve.v1.HyserveService.ModelInfo:output_type -> hyserve.v1.ModelInfoResponse
+	43, // [43:47] is the sub-list for method output_type
+	39, // [39:43] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_hyserve_v1_hyserve_proto_init() }
@@ -3694,14 +3906,14 @@ func file_hyserve_v1_hyserve_proto_init() {
 		(*GenerateResponse_Finished)(nil),
 	}
 	file_hyserve_v1_hyserve_proto_msgTypes[19].OneofWrappers = []any{}
-	file_hyserve_v1_hyserve_proto_msgTypes[32].OneofWrappers = []any{}
+	file_hyserve_v1_hyserve_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hyserve_v1_hyserve_proto_rawDesc), len(file_hyserve_v1_hyserve_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   35,
+			NumEnums:      8,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
