@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hadolint docker/Dockerfile
-kubernetes-validate --strict --quiet -k 1.33.0 docker/k8s/deployment.yaml docker/k8s/service.yaml docker/k8s/pdb.yaml
+kubernetes-validate --strict --quiet -k 1.33.0 docker/k8s/deployment.yaml docker/k8s/service.yaml docker/k8s/pdb.yaml docker/k8s/valkey.yaml
 check-jsonschema --builtin-schema vendor.compose-spec docker/compose.yaml
 # built by .ci/install.sh --test from docker/lint (Envoy's and the Gateway APIs' own Go types)
 DEPLOYLINT="${HYSERVE_CACHE:-$HOME/.cache/hyserve}/bin/deploylint"
