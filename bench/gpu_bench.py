@@ -108,18 +108,24 @@ def timestamps(ops: Any, run: Any) -> dict:
     }
 
 
-def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int, keep_inputs: bool = True) -> dict:
+def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int, replay: bool = True) -> dict:
     """Host time of one-token decode steps as the server runs them (a hybrid keeps its recurrent
-    layers' inputs for exact resumes): `record_s` from the forward call to its read-back (the
-    Python ops, bind groups and dispatches recorded: work no GPU speeds up), `step_s` the whole
-    step (submission, the device's work and the wait included), `submissions` per step. Medians
-    over `steps` steps."""
+    layers' inputs for exact resumes): `record_s` from the forward call to its read-back (a
+    captured step's replay, or with `replay=False` the Python ops, bind groups and dispatches
+    recorded one by one: work no GPU speeds up), `step_s` the whole step (submission, the
+    device's work and the wait included), `submissions` per step. Medians over `steps` steps,
+    after two warm-up steps (the second is captured)."""
     from hyserve.model.architectures.base import Logits, Segment
 
+    ops.replay_steps = replay
+    plans = arch.step_plans
     memory = arch.new_memory(len(tokens) + steps + 8)
     arch.forward([Segment(memory, np.asarray(tokens, np.int32), Logits.NONE)])
+    for token in tokens[:2]:
+        arch.forward([Segment(memory, np.asarray([token], np.int32), Logits.LAST, {})])
     read_at: list[float] = []
     marked = {name: getattr(ops, name) for name in ("to_host", "to_host_many")}
+    real_read_back = plans.read_back
 
     def marking(read: Any) -> Any:
         def marked_read(x: Any) -> Any:
@@ -130,6 +136,8 @@ def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int, keep_
 
     for name, read in marked.items():
         setattr(ops, name, marking(read))
+    plans.read_back = marking(real_read_back)
+    replays = plans.replays
     record, whole, submissions = [], [], []
     try:
         for i in range(steps):
@@ -137,19 +145,21 @@ def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int, keep_
             before = ops.device.submissions
             start = time.perf_counter()
             token = np.asarray([tokens[i % len(tokens)]], np.int32)
-            arch.forward([Segment(memory, token, Logits.LAST, {} if keep_inputs else None)])
+            arch.forward([Segment(memory, token, Logits.LAST, {})])
             whole.append(time.perf_counter() - start)
             record.append(read_at[0] - start)
             submissions.append(ops.device.submissions - before)
     finally:
         for name in marked:
             delattr(ops, name)  # the instance attribute: the class's method again
+        plans.read_back = real_read_back
+        ops.replay_steps = True
     return {
         "record_s": statistics.median(record),
         "step_s": statistics.median(whole),
         "submissions": statistics.median(submissions),
         "steps": steps,
-        "keep_inputs": keep_inputs,
+        "replayed_steps": plans.replays - replays,
     }
 
 
@@ -195,7 +205,10 @@ def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
         return time.perf_counter() - t
 
     prompt()  # warm-up: pipelines built, weights resident
-    host = decode_step_host_s(arch, ops, tokens[:8], args.host_steps)
+    host = {
+        "replayed": decode_step_host_s(arch, ops, tokens[:8], args.host_steps),
+        "op_by_op": decode_step_host_s(arch, ops, tokens[:8], args.host_steps, replay=False),
+    }
     if args.host_only:
         return {
             "adapter": ops.description,

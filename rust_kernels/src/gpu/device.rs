@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
 use super::adapter::describe;
+use super::capture::Command;
 use super::features::{self, ShaderFeatures};
 use super::profile::Profiler;
 use super::recorder::Recorder;
@@ -32,13 +33,13 @@ pub struct Kernel {
 /// Pipelines by kernel name, then by override constants (a short list, searched without allocating).
 type PipelineCache = HashMap<&'static str, Vec<(Vec<(&'static str, u32)>, Arc<Pipeline>)>>;
 
-pub(super) struct Pipeline {
+pub(crate) struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
 }
 
 /// Free device buffers by size (powers of two).
-type Pool = Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>;
+pub(super) type Pool = Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>;
 
 /// A device buffer; one from the pool goes back to it when dropped. Work already recorded that
 /// reads it still runs in order before any later reuse (wgpu orders dispatches).
@@ -246,6 +247,13 @@ impl Gpu {
             layout: &p.layout,
             entries: &entries,
         });
+        if let Some(capture) = recorder.capture_here() {
+            capture.push(Command::Dispatch {
+                pipeline: p.clone(),
+                bind_group: bind_group.clone(),
+                groups,
+            });
+        }
         let mut profiler = self.profiler.lock().unwrap();
         if let Some(timestamps) = profiler.as_mut().and_then(|p| p.next(k.name)) {
             // a timed dispatch has a pass of its own, whose start and end the queries mark
@@ -264,9 +272,18 @@ impl Gpu {
 
     /// A pooled device buffer of at least `bytes` (sizes round up to powers of two, so a few
     /// sizes serve every shape). Its contents are undefined.
+    /// While this thread captures a forward, its buffers come from the capture's own pool: a
+    /// plan's intermediates are reused within the plan as within a forward, never by other work.
     pub fn alloc(&self, bytes: u64) -> GpuBuffer {
         let size = bytes.max(16).next_power_of_two();
-        let reused = self.pool.lock().unwrap().get_mut(&size).and_then(Vec::pop);
+        let capture_pool = self
+            .recorder
+            .lock()
+            .unwrap()
+            .capture_here()
+            .map(|c| c.pool.clone());
+        let pool = capture_pool.unwrap_or_else(|| self.pool.clone());
+        let reused = pool.lock().unwrap().get_mut(&size).and_then(Vec::pop);
         let buffer = reused.unwrap_or_else(|| {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("tensor"),
@@ -279,7 +296,7 @@ impl Gpu {
         });
         GpuBuffer {
             buffer: Some(buffer),
-            pool: Some(self.pool.clone()),
+            pool: Some(pool),
             bytes,
         }
     }
@@ -307,6 +324,9 @@ impl Gpu {
 
     /// Writes host bytes into a live buffer at `offset`, after all work recorded so far.
     pub fn write(&self, dst: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        if let Some(capture) = self.recorder.lock().unwrap().capture_here() {
+            capture.spoil("a host write inside the forward");
+        }
         self.flush();
         let mut padded = data.to_vec();
         padded.resize(data.len().next_multiple_of(4), 0);
@@ -325,9 +345,17 @@ impl Gpu {
         if bytes == 0 {
             return;
         }
-        self.recorder
-            .lock()
-            .unwrap()
+        let mut recorder = self.recorder.lock().unwrap();
+        if let Some(capture) = recorder.capture_here() {
+            capture.push(Command::Copy {
+                src: src.clone(),
+                src_offset,
+                dst: dst.clone(),
+                dst_offset,
+                bytes,
+            });
+        }
+        recorder
             .encoder(&self.device)
             .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
@@ -342,6 +370,9 @@ impl Gpu {
         // the recorder stays locked until the submission: the arena written for this encoder must
         // not be overwritten by another thread's recording before its work is submitted
         let mut recorder = self.recorder.lock().unwrap();
+        if let Some(capture) = recorder.capture_here() {
+            capture.spoil("a submission inside the forward");
+        }
         if let Some(mut encoder) = recorder.take(&self.queue) {
             let mut profiler = self.profiler.lock().unwrap();
             let timed = profiler.as_ref().is_some_and(|p| p.resolve(&mut encoder));
@@ -456,7 +487,7 @@ impl Gpu {
     }
 }
 
-fn record(
+pub(super) fn record(
     pass: &mut wgpu::ComputePass,
     p: &Pipeline,
     bind_group: &wgpu::BindGroup,

@@ -12,6 +12,7 @@
 //! - `ops`: one function per operation; each records a dispatch and returns at once.
 //! - `matvec`: dense matmuls, on `matmul.wgsl` (exact numerics) or `matmul_fast.wgsl` (fast).
 //! - `recorder`: the pending encoder, the compute pass its dispatches share, their parameters.
+//! - `capture`: a forward captured once as a plan of commands, replayed in one call per step.
 //! - `profile`: timestamp queries per dispatch (where the adapter has them), for the bench.
 //! - `moe`: the mixture-of-experts FFN (routing, expert FFNs on the block-format expert tensors).
 //!
@@ -21,6 +22,7 @@
 //! row's result does not depend on the other rows of its batch.
 
 pub mod adapter;
+pub mod capture;
 pub mod device;
 pub mod features;
 pub mod matvec;

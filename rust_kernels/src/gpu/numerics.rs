@@ -52,6 +52,8 @@ mod tests {
             assert_eq!(Numerics::parse(name).unwrap().name(), name);
         }
         assert_eq!(Numerics::parse("EXACT"), Ok(Numerics::Exact));
-        assert!(Numerics::parse("bitwise").unwrap_err().contains("fast, exact"));
+        assert!(Numerics::parse("bitwise")
+            .unwrap_err()
+            .contains("fast, exact"));
     }
 }

@@ -89,6 +89,7 @@ static KV_STORE: Kernel = Kernel {
         (2, ReadWrite),
         (3, ReadWrite),
         (6, Uniform),
+        (7, Read),
     ],
 };
 static ATTEND: Kernel = Kernel {
@@ -394,6 +395,9 @@ pub fn copy(gpu: &Gpu, src: &GpuBuffer, ids: Option<&GpuBuffer>, dst: &GpuBuffer
     );
 }
 
+/// Query rows up to which an attention call is a decode step's (or a speculative verification's).
+const DECODE_ROWS: usize = 16;
+
 /// One attention call: a sequence's rows row0..row0+n_rows of the batch.
 pub struct AttentionSpec {
     pub n_rows: usize,
@@ -402,8 +406,10 @@ pub struct AttentionSpec {
     pub n_kv: usize,
     pub head_dim: usize,
     pub window: usize,
-    /// cache position of the first new row
+    /// cache position of the first new row (the kernels take the rows' positions, which equal it)
     pub start: usize,
+    /// the cache's capacity in positions
+    pub n_ctx: usize,
     pub kq_scale: f32,
 }
 
@@ -427,7 +433,7 @@ fn attention_params(
             a.n_kv as u32,
             a.head_dim as u32,
             a.window as u32,
-            a.start as u32,
+            0,
             n_ctx as u32,
             a.kq_scale.to_bits(),
             0,
@@ -451,17 +457,23 @@ pub fn attention(
     out: &GpuBuffer,
     a: &AttentionSpec,
 ) {
-    let n_keys = a.start + a.n_rows;
+    // Scores live in a scratch buffer of rows x heads x keys. Decode-sized calls size it for the
+    // whole cache, so that nothing they record depends on the step (a captured plan replays them).
+    let n_keys = if a.n_rows <= DECODE_ROWS {
+        a.n_ctx
+    } else {
+        a.start + a.n_rows
+    };
     let (gx, gy) = groups_1d(a.n_rows * a.n_kv * a.head_dim / 2);
     let p = attention_params(a, a.row0, a.n_rows, n_keys);
     gpu.dispatch(
         &KV_STORE,
         &[],
-        &[k.raw(), v.raw(), kc.raw(), vc.raw()],
+        &[k.raw(), v.raw(), kc.raw(), vc.raw(), positions.raw()],
         bytes_of(&p),
         [gx, gy, 1],
     );
-    // scores live in a scratch buffer of rows x heads x keys: split the rows so it fits a binding
+    // split the rows so the scratch fits a binding
     let per_row = (a.n_head * n_keys * 4) as u64;
     let block = ((gpu.max_binding() / per_row) as usize).clamp(1, a.n_rows.max(1));
     for first in (0..a.n_rows).step_by(block) {

@@ -154,6 +154,9 @@ class RecurrentState:
         self.conv[...] = conv
         self.ssm[...] = ssm
 
+    def adopt(self, conv: np.ndarray, ssm: np.ndarray) -> None:
+        self.conv, self.ssm = conv, ssm  # no copy: the arrays become this state's
+
     def to_host(self, conv: np.ndarray, ssm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return conv, ssm
 

@@ -15,7 +15,7 @@ struct Params {
     n_kv: u32,
     head_dim: u32,
     window: u32,     // 0: none
-    start: u32,      // `store`: cache position of the first new row
+    _unused: u32,    // (cache positions are the rows' positions)
     n_ctx: u32,      // keys per scratch row
     kq_scale: f32,
     _a: u32,
@@ -45,7 +45,7 @@ fn store(@builtin(global_invocation_id) g: vec3<u32>) {
     let r = idx / pairs;
     let j = idx % pairs;
     let src = (p.row0 + r) * pairs * 2u + 2u * j;
-    let dst = (p.start + r) * pairs + j;
+    let dst = u32(positions[p.row0 + r]) * pairs + j;  // cache index == token position
     kc[dst] = pack_f16x2(q[src], q[src + 1u]);
     vc[dst] = pack_f16x2(vnew[src], vnew[src + 1u]);
 }

@@ -78,6 +78,7 @@ impl GpuDevice {
             head_dim: hd,
             window,
             start,
+            n_ctx: cache.n_ctx,
             kq_scale,
         };
         ops::attention(

@@ -156,7 +156,7 @@ impl GpuDevice {
             a.shape().to_vec(),
         );
         t.host_ids = Some(Arc::new(HostIds {
-            values: s.to_vec(),
+            values: Mutex::new(s.to_vec()),
             rope_tables: Mutex::new(HashMap::new()),
         }));
         Ok(t)

@@ -3,11 +3,12 @@
 //!
 //! `GpuDevice`'s methods come in one `#[pymethods]` block per domain (PyO3's `multiple-pymethods`):
 //! `device` (opening, uploads, read-backs), `ops` (matmul, norms, RoPE, element-wise, copies) and
-//! `attention` (K/V caches); `tensor` holds the classes the device hands out. `recurrent` has the
+//! `attention` (K/V caches), `capture` (captured forwards and their replays); `tensor` holds the classes the device hands out. `recurrent` has the
 //! recurrent architectures' ops (functions of a device), `moe` the MoE FFN, `timing` the
 //! per-dispatch timestamp queries.
 
 mod attention;
+mod capture;
 pub(crate) mod device;
 pub(crate) mod moe;
 mod ops;
@@ -25,5 +26,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GpuTensor>()?;
     m.add_class::<GpuMatrix>()?;
     m.add_class::<GpuKvCache>()?;
+    m.add_class::<capture::GpuPlan>()?;
     Ok(())
 }

@@ -6,15 +6,28 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use super::device::GpuDevice;
-use super::tensor::{Dtype, GpuMatrix, GpuTensor};
+use super::tensor::{Dtype, GpuMatrix, GpuTensor, RopeKey};
 use crate::gpu::ops::{self, CopySpec, Elementwise, Rope};
 use crate::gpu::{matvec, GpuBuffer, GpuWeight};
 use crate::py::common::value_error;
 
+/// A RoPE table's values: (cos, sin) of every rotated pair at each position.
+pub(super) fn rope_table_values(positions: &[i32], (n_rot, base, freq_scale): RopeKey) -> Vec<f32> {
+    let (base, freq_scale) = (f32::from_bits(base), f32::from_bits(freq_scale));
+    let mut table: Vec<f32> = Vec::with_capacity(positions.len() * n_rot);
+    for &p in positions {
+        for (c, s) in crate::ops::rope_angles(p as f32, n_rot, base, freq_scale) {
+            table.extend([c, s]);
+        }
+    }
+    table
+}
+
 impl GpuDevice {
     /// cos/sin of every rotated pair at every position, computed on the host by the CPU kernel's
     /// own function (a shader's sin/cos differ from libm's in the last bits; the angles are few,
-    /// the rotations many). One table per RoPE setting, kept with the positions.
+    /// the rotations many). One table per RoPE setting, kept with the positions (and rewritten
+    /// with them, `rewrite_ids`).
     fn rope_table(
         &self,
         positions: &GpuTensor,
@@ -30,12 +43,7 @@ impl GpuDevice {
         let key = (n_rot, base.to_bits(), freq_scale.to_bits());
         let mut tables = ids.rope_tables.lock().unwrap();
         let table = tables.entry(key).or_insert_with(|| {
-            let mut table: Vec<f32> = Vec::with_capacity(ids.values.len() * n_rot);
-            for &p in &ids.values {
-                for (c, s) in crate::ops::rope_angles(p as f32, n_rot, base, freq_scale) {
-                    table.extend([c, s]);
-                }
-            }
+            let table = rope_table_values(&ids.values.lock().unwrap(), key);
             Arc::new(self.gpu.upload(bytemuck::cast_slice(&table)))
         });
         Ok(table.clone())

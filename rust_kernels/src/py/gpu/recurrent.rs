@@ -392,17 +392,22 @@ fn gpu_clone(dev: PyRef<'_, GpuDevice>, x: PyRef<'_, GpuTensor>) -> GpuTensor {
     t
 }
 
-/// dst = src (same size; device to device), submitted at once: a later forward call that is
-/// dropped cannot take the copy with it.
+/// dst = src (same size; device to device), submitted at once (a later forward call that is
+/// dropped cannot take the copy with it), or with `submit=False` recorded into the pending
+/// work (a forward's own state update).
 #[pyfunction]
+#[pyo3(signature = (dev, src, dst, submit=true))]
 fn gpu_copy_into(
     dev: PyRef<'_, GpuDevice>,
     src: PyRef<'_, GpuTensor>,
     dst: PyRef<'_, GpuTensor>,
+    submit: bool,
 ) -> PyResult<()> {
     same_size(&src, &dst, "copy_into")?;
     ops_copy(&dev, &src, &dst);
-    dev.gpu.flush();
+    if submit {
+        dev.gpu.flush();
+    }
     Ok(())
 }
 

@@ -31,9 +31,12 @@ pub struct GpuTensor {
 }
 
 pub(crate) struct HostIds {
-    pub(super) values: Vec<i32>,
-    pub(super) rope_tables: Mutex<HashMap<(usize, u32, u32), Arc<GpuBuffer>>>,
+    pub(super) values: Mutex<Vec<i32>>,
+    pub(super) rope_tables: Mutex<HashMap<RopeKey, Arc<GpuBuffer>>>,
 }
+
+/// A RoPE table's settings: rotated dims, base and frequency scale (as f32 bits).
+pub(crate) type RopeKey = (usize, u32, u32);
 
 impl GpuTensor {
     pub(crate) fn size(&self) -> usize {

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import hyserve_kernels as hk
 import numpy as np
@@ -15,6 +16,9 @@ from hyserve_kernels import CancelFlag
 from hyserve.model.backend.base import Backend
 from hyserve.model.backend.cpu import CPU
 from hyserve.model.memory import SequenceMemory
+
+if TYPE_CHECKING:
+    from hyserve.model.architectures.step_plans import StepPlans
 
 
 class ForwardCancelled(Exception):
@@ -59,7 +63,14 @@ class Architecture(ABC):
         (LAST: shape [n_vocab], ALL: [len(tokens), n_vocab], NONE: None) and advances each memory.
         A row's result is independent of the other rows in the batch (batch invariance).
         With `cancel` (a task's flag), it raises `ForwardCancelled` at the next layer boundary once
-        the flag is set, advancing no memory."""
+        the flag is set, advancing no memory. On a GPU, decode steps are captured once and
+        replayed (`step_plans.py`): the same bits, recorded in one call."""
+        plans = self.step_plans
+        if plans is not None:
+            replayed = plans.replay(segments)
+            if replayed is not None:
+                return replayed
+        capture = plans.capture(segments) if plans is not None else None
         try:
             out = self._forward(segments, cancel)
         except hk.Cancelled:  # a kernel saw the flag mid-call
@@ -69,7 +80,17 @@ class Architecture(ABC):
             self.ops.abort()  # nothing of a failed call may run later
             raise
         self.ops.flush()
+        if plans is not None and capture is not None:
+            plans.keep(capture, segments)
         return out
+
+    @functools.cached_property
+    def step_plans(self) -> StepPlans | None:
+        """The captured decode steps where the backend can replay them (a GPU)."""
+        from hyserve.model.architectures.step_plans import StepPlans  # it builds on this module
+        from hyserve.model.backend.gpu import GpuBackend
+
+        return StepPlans(self.ops) if isinstance(self.ops, GpuBackend) else None
 
     @abstractmethod
     def _forward(self, segments: Sequence[Segment], cancel: CancelFlag | None) -> list[np.ndarray | None]:
@@ -96,7 +117,7 @@ class Architecture(ABC):
                 st = memory.recurrent[il]
                 new_conv, new_ssm = self.ops.empty(tuple(st.conv.shape)), self.ops.empty(tuple(st.ssm.shape))
                 self._replay_recurrent(il, rows, (st.conv, st.ssm, new_conv, new_ssm))
-                st.conv, st.ssm = new_conv, new_ssm
+                st.adopt(new_conv, new_ssm)
             else:  # a ring window layer: its keys and values, written where the forward wrote them
                 at = memory.n_tokens
                 for p, count in zip(parts, counts):

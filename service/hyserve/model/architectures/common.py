@@ -134,7 +134,7 @@ class WorkingStates:
         for st, conv, ssm in self._new.values():
             if isinstance(st.conv, np.ndarray):
                 spare += [st.conv, st.ssm]
-            st.conv, st.ssm = conv, ssm
+            st.adopt(conv, ssm)
         for a in spare:
             _SPARE.setdefault(_spare_key(a), []).append(a)
         self._new, self._dropped = {}, []

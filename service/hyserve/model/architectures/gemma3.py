@@ -115,8 +115,8 @@ class Gemma3(Architecture):
         ops = self.ops
         tokens, positions, spans = segment_rows(segments)
         hd, eps = self.head_dim, self.eps
-        pos = ops.ids(positions)
-        h = ops.embed(self.token_embd, ops.ids(tokens))
+        pos = ops.ids(positions, "positions")
+        h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
         ops.scale_(h, self.embd_scale)
         for il, L in enumerate(self.layers):
             check_cancel(cancel)

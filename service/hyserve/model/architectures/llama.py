@@ -105,8 +105,8 @@ class Llama(Architecture):
         ops = self.ops
         tokens, positions, spans = segment_rows(segments)
         eps = self.eps
-        pos = ops.ids(positions)
-        h = ops.embed(self.token_embd, ops.ids(tokens))
+        pos = ops.ids(positions, "positions")
+        h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
         for il, L in enumerate(self.layers):
             check_cancel(cancel)
             x = ops.rms_norm(h, L.attn_norm, eps)

@@ -136,7 +136,7 @@ class Mamba2(Architecture):
         ops = self.ops
         tokens, _, spans = segment_rows(segments)
         states = WorkingStates(ops)
-        h = ops.embed(self.token_embd, ops.ids(tokens))
+        h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
             x = ops.rms_norm(h, layer.norm, self.eps)

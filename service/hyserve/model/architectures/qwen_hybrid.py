@@ -271,8 +271,8 @@ class QwenHybrid(Architecture):
         ops = self.ops
         tokens, positions, spans = segment_rows(segments)
         states = WorkingStates(ops)  # committed only after the whole call succeeded
-        pos = ops.ids(positions)
-        h = ops.embed(self.token_embd, ops.ids(tokens))
+        pos = ops.ids(positions, "positions")
+        h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
             x = ops.rms_norm(h, layer.attn_norm, self.eps)

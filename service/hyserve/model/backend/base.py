@@ -40,8 +40,9 @@ class Backend(RecurrentOps, Protocol):
     def kv_cache(self, n_ctx: int, n_kv: int, head_dim: int) -> Any: ...
 
     # -- one forward call
-    def ids(self, a: np.ndarray) -> Tensor:
-        """Token ids or positions (int32) where the kernels read them."""
+    def ids(self, a: np.ndarray, step_input: str = "") -> Tensor:
+        """Token ids or positions (int32) where the kernels read them. `step_input` names a
+        forward's own inputs ("tokens", "positions"), which a captured step rewrites."""
         ...
 
     def embed(self, m: Matrix, tokens: Tensor) -> Tensor: ...

@@ -30,7 +30,7 @@ class CpuBackend(CpuRecurrentOps):
     def kv_cache(self, n_ctx: int, n_kv: int, head_dim: int) -> KVCache:
         return KVCache(n_ctx, n_kv, head_dim)
 
-    def ids(self, a: np.ndarray) -> np.ndarray:
+    def ids(self, a: np.ndarray, step_input: str = "") -> np.ndarray:
         return a
 
     def embed(self, m: hk.QMatrix, tokens: np.ndarray) -> np.ndarray:

@@ -4,12 +4,14 @@ into one command encoder, submitted when the logits are read back."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.model.backend.base import AttentionSpan
+from hyserve.model.backend.gpu_capture import CaptureLog
 from hyserve.model.backend.recurrent_gpu import GpuRecurrentOps
 
 
@@ -47,6 +49,10 @@ class GpuBackend(GpuRecurrentOps):
         self.description = device.name
         self.numerics = device.numerics
         self._matrices: dict[int, tuple[hk.QMatrix, hk.GpuMatrix]] = {}
+        # decode steps are captured once and replayed (architectures/step_plans.py); off: every
+        # step records its operations one by one
+        self.replay_steps = True
+        self._capture = threading.local()  # the calling thread's CaptureLog while it captures
 
     def matrix(self, m: hk.QMatrix) -> hk.GpuMatrix:
         # a tied embedding / LM head is one upload
@@ -62,8 +68,38 @@ class GpuBackend(GpuRecurrentOps):
     def kv_cache(self, n_ctx: int, n_kv: int, head_dim: int) -> GpuKVCache:
         return GpuKVCache(self.device, n_ctx, n_kv, head_dim)
 
-    def ids(self, a: np.ndarray) -> hk.GpuTensor:
-        return self.device.ids(np.ascontiguousarray(a, dtype=np.int32))
+    def ids(self, a: np.ndarray, step_input: str = "") -> hk.GpuTensor:
+        t = self.device.ids(np.ascontiguousarray(a, dtype=np.int32))
+        log = self._capture_log()
+        if log is not None and step_input:
+            log.inputs[step_input] = t
+        return t
+
+    # -- captured forwards
+    def _capture_log(self) -> CaptureLog | None:
+        return getattr(self._capture, "log", None)
+
+    def begin_capture(self, log: CaptureLog) -> bool:
+        """Capture this thread's next forward into `log`; False (and `log.why`) when the device
+        cannot now (another thread capturing, profiling)."""
+        try:
+            self.device.begin_capture()
+        except ValueError as e:
+            log.why = str(e)
+            return False
+        self._capture.log = log
+        return True
+
+    def end_capture(self) -> None:
+        """End this thread's capture, if one is under way: its plan, or why none, go to its log."""
+        log = self._capture_log()
+        if log is None:
+            return
+        self._capture.log = None
+        try:
+            log.plan = self.device.end_capture()
+        except ValueError as e:
+            log.why = str(e)
 
     def embed(self, m: hk.GpuMatrix, tokens: hk.GpuTensor) -> hk.GpuTensor:
         return self.device.get_rows(m, tokens)
@@ -147,6 +183,10 @@ class GpuBackend(GpuRecurrentOps):
 
     def to_host_many(self, xs: Sequence[hk.GpuTensor | np.ndarray]) -> list[np.ndarray]:
         on_device = [i for i, x in enumerate(xs) if not isinstance(x, np.ndarray)]
+        log = self._capture_log()
+        if log is not None:  # a captured forward ends with its read-back: a replay reads the same
+            log.outputs = list(xs) if len(on_device) == len(xs) else []
+            self.end_capture()
         out = list(xs)
         for i, host in zip(on_device, self.device.to_host_many([xs[i] for i in on_device])):
             out[i] = host
@@ -159,4 +199,5 @@ class GpuBackend(GpuRecurrentOps):
         # Submitted, not dropped: the device has one pending encoder, and another thread (another
         # engine on this device) may have recorded work into it too. A cancelled call's work changes
         # no memory: it writes only KV positions past each memory's token count and spare state buffers.
+        self.end_capture()  # the log keeps no plan of a failed forward (step_plans drops it)
         self.device.flush()

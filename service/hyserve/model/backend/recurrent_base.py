@@ -38,6 +38,10 @@ class RecurrentState(Protocol):
         """Become the given state (a copy from `copies` or `host_copies`), exactly."""
         ...
 
+    def adopt(self, conv: Tensor, ssm: Tensor) -> None:
+        """Become the state a forward wrote into spare buffers (which the caller gives up)."""
+        ...
+
 
 class RecurrentOps(Protocol):
     def recurrent_state(self, conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...]) -> RecurrentState: ...

@@ -42,6 +42,13 @@ class GpuRecurrentState:
     def to_host(self, conv: hk.GpuTensor, ssm: hk.GpuTensor) -> tuple[np.ndarray, np.ndarray]:
         return self.device.to_host(conv), self.device.to_host(ssm)
 
+    def adopt(self, conv: hk.GpuTensor, ssm: hk.GpuTensor) -> None:
+        # copied into place, so that the state's buffers stay the same ones for the memory's life:
+        # a captured decode step binds them (a device copy costs far less than re-recording);
+        # recorded into the forward's own work, which has advanced the memory by then
+        native.gpu_copy_into(self.device, conv, self.conv, False)
+        native.gpu_copy_into(self.device, ssm, self.ssm, False)
+
     def put(self, conv: hk.GpuTensor | np.ndarray, ssm: hk.GpuTensor | np.ndarray) -> None:
         for dst, src in ((self.conv, conv), (self.ssm, ssm)):
             if isinstance(src, np.ndarray):

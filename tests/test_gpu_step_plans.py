@@ -1,0 +1,149 @@
+"""Captured decode steps on the GPU (`architectures/step_plans.py`): a decode step's forward is
+captured once and replayed in one call. A replay gives the same bits as recording the step op by
+op (logits and kept recurrent inputs), on every architecture, alone and batched; it makes no
+Python backend call and one submission; and the memories it advances stay exact under
+checkpoints, host images and replays of kept inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fixtures import make_models
+
+from hyserve.model.architectures.base import Architecture, Logits, Segment
+from hyserve.model.gguf_file import GGUFFile
+from hyserve.model.loader import ARCHITECTURES
+
+CASES = [
+    ("llama", "q8_0"),
+    ("qwen3", "f16"),
+    ("qwen35", "q8_0"),
+    ("qwen35moe", "q8_0"),
+    ("qwen3next", "q8_0"),
+    ("mamba2", "f32"),
+]
+PROMPT = [5, 17, 42, 99, 7, 250, 3]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{a}-{q}" for a, q in CASES])
+def arch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, gpu_fast_backend) -> Architecture:
+    name, qtype = request.param
+    path: Path = make_models.write_model(tmp_path_factory.mktemp(name) / f"{name}.gguf", name, qtype=qtype)
+    return ARCHITECTURES[name](GGUFFile.open(path), gpu_fast_backend)
+
+
+@contextmanager
+def replaying(arch: Architecture, on: bool) -> Iterator[None]:
+    ops = arch.ops
+    before = ops.replay_steps
+    ops.replay_steps = on
+    try:
+        yield
+    finally:
+        ops.replay_steps = before
+
+
+def greedy(arch: Architecture, prompts: list[list[int]], steps: int, keep: bool = True) -> list[list[tuple]]:
+    """Greedy decode of every prompt in one batch per step: per prompt, per step (token, logits,
+    kept inputs)."""
+    memories = [arch.new_memory(64) for _ in prompts]
+    logits = arch.forward([Segment(m, np.asarray(p, np.int32), Logits.LAST) for m, p in zip(memories, prompts)])
+    out: list[list[tuple]] = [[] for _ in prompts]
+    for _ in range(steps):
+        tokens = [int(np.argmax(row)) for row in logits]
+        segments = [
+            Segment(m, np.asarray([t], np.int32), Logits.LAST, {} if keep else None) for m, t in zip(memories, tokens)
+        ]
+        logits = arch.forward(segments)
+        for i, seg in enumerate(segments):
+            out[i].append((tokens[i], logits[i], seg.inputs))
+    return out
+
+
+def assert_same(a: list[list[tuple]], b: list[list[tuple]]) -> None:
+    for run_a, run_b in zip(a, b, strict=True):
+        for (ta, la, ka), (tb, lb, kb) in zip(run_a, run_b, strict=True):
+            assert ta == tb
+            np.testing.assert_array_equal(la, lb)
+            assert (ka is None) == (kb is None)
+            if ka is not None:
+                assert ka.keys() == kb.keys()
+                for il in ka:
+                    for x, y in zip(ka[il], kb[il], strict=True):
+                        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_replayed_steps_give_the_bits_of_steps_recorded_op_by_op(arch: Architecture, batch: int) -> None:
+    prompts = [PROMPT[: 4 + i] for i in range(batch)]
+    plans = arch.step_plans
+    assert plans is not None
+    with replaying(arch, False):
+        recorded = greedy(arch, prompts, 6)
+    before = plans.replays
+    with replaying(arch, True):
+        replayed = greedy(arch, prompts, 6)
+    assert plans.replays - before == 4  # captured at the second step, replayed from the third
+    assert_same(recorded, replayed)
+
+
+def test_a_replayed_step_makes_no_backend_call_and_one_submission(
+    arch: Architecture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ops, device = arch.ops, arch.ops.device
+    memory = arch.new_memory(64)
+    arch.forward([Segment(memory, np.asarray(PROMPT, np.int32), Logits.NONE)])
+    calls: list[str] = []
+
+    def step(token: int) -> None:
+        arch.forward([Segment(memory, np.asarray([token], np.int32), Logits.LAST, {})])
+
+    step(1)
+    step(2)  # captured
+    for name in dir(type(ops)):
+        method = getattr(ops, name)
+        if not name.startswith("_") and callable(method):
+            monkeypatch.setattr(ops, name, lambda *a, _m=method, _n=name, **k: calls.append(_n) or _m(*a, **k))
+    before, replays = device.submissions, arch.step_plans.replays
+    step(3)
+    assert arch.step_plans.replays == replays + 1
+    assert calls == []
+    assert device.submissions - before == 1
+
+
+def test_memories_a_replay_advances_stay_exact(arch: Architecture) -> None:
+    """Checkpoints (device copies), the prefix store's host image and a replay of kept inputs
+    continue a replayed memory bit for bit as op-by-op steps do."""
+
+    def run(replay: bool) -> list[np.ndarray]:
+        with replaying(arch, replay):
+            memory = arch.new_memory(64)
+            arch.forward([Segment(memory, np.asarray(PROMPT, np.int32), Logits.NONE)])
+            kept: list[dict] = []
+            out = []
+            for t in (11, 12, 13, 14):
+                kept.append({})
+                out.append(arch.forward([Segment(memory, np.asarray([t], np.int32), Logits.LAST, kept[-1])])[0])
+            snap = memory.snapshot()
+            image = memory.export()
+            out.append(arch.forward([Segment(memory, np.asarray([15], np.int32), Logits.LAST, {})])[0])
+            memory.restore(snap)
+            out.append(arch.forward([Segment(memory, np.asarray([16], np.int32), Logits.LAST, {})])[0])
+            other = arch.new_memory(64)
+            other.load(image, memory.n_tokens - 1)
+            out.append(arch.forward([Segment(other, np.asarray([16], np.int32), Logits.LAST, {})])[0])
+            if memory.recurrent:
+                third = arch.new_memory(64)
+                arch.forward([Segment(third, np.asarray(PROMPT, np.int32), Logits.NONE)])
+                if third.has_attention:
+                    third.load_entries(memory.export(), 0, len(PROMPT) + len(kept))
+                arch.replay(third, kept)
+                out.append(arch.forward([Segment(third, np.asarray([16], np.int32), Logits.LAST, {})])[0])
+            return out
+
+    for a, b in zip(run(False), run(True), strict=True):
+        np.testing.assert_array_equal(a, b)
