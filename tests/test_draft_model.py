@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from fixtures import make_models
 
-from hyserve.engine.draft_model import DraftModelDrafter, DraftVocabularyError, load_draft_model
+from hyserve.engine.draft_model import DraftModelDrafter, DraftVocabularyError, confident_token, load_draft_model
 from hyserve.engine.generator import SpecConfig, SpecStats, StopRule, generate
 from hyserve.engine.sampling import SamplingParams
 from hyserve.model.architectures.base import Architecture
@@ -98,6 +98,20 @@ def test_output_is_the_plain_output_whatever_the_draft_model(target: LoadedModel
             assert stats.accepted < stats.drafted, stats  # rejections: both memories rolled back
 
 
+def test_an_unsure_draft_model_drafts_less_and_changes_nothing(target: LoadedModel, models: Path) -> None:
+    """`draft_p_min`: a draft ends before a token the draft model gives less probability; a random
+    draft model is unsure of everything, so it drafts less, and the output stays the plain one."""
+    assert confident_token(np.array([0.0, 0.0, 5.0]), 0.9) == (2, True)
+    assert confident_token(np.array([0.0, 0.0, 5.0]), 0.999) == (2, False)
+    assert confident_token(np.array([1.0, 3.0, 2.0]), 0.0) == (1, True)
+    plain, _ = run(target, SamplingParams(), None)
+    draft = draft_of(target, write(models, "qwen35", seed=7, layers=2))
+    _, eager = run(target, SamplingParams(), SpecConfig(method="draft", max_draft=4, draft=draft))
+    got, unsure = run(target, SamplingParams(), SpecConfig(method="draft", max_draft=4, draft=draft, draft_p_min=0.5))
+    assert got == plain
+    assert unsure.drafted < eager.drafted, (unsure, eager)
+
+
 def test_a_draft_model_with_another_vocabulary_is_refused(models: Path) -> None:
     target = load_model(write(models, "llama"))
     with pytest.raises(DraftVocabularyError, match="600 tokens"):
@@ -107,6 +121,8 @@ def test_a_draft_model_with_another_vocabulary_is_refused(models: Path) -> None:
 def test_the_draft_method_needs_its_model() -> None:
     with pytest.raises(ValueError, match="draft model"):
         SpecConfig(method="draft")
+    with pytest.raises(ValueError, match="draft_p_min"):
+        SpecConfig(draft_p_min=1.5)
 
 
 def hyserve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -123,6 +139,7 @@ def test_the_command_line_runs_a_draft_model_and_names_a_wrong_one(models: Path)
     assert drafted.stdout == plain.stdout and "drafted" in drafted.stderr
     for flags, needle in (
         (["--spec", "draft"], "--spec-draft-model"),
+        (["--spec-draft-p-min", "2"], "--spec-draft-p-min"),
         (["--spec-draft-model", str(target)], "--spec draft"),
         (["--spec", "draft", "--spec-draft-model", str(models / "none.gguf")], "none.gguf"),
         (["--spec", "draft", "--spec-draft-model", str(write(models, "llama", vocab=600))], "vocabulary"),

@@ -29,7 +29,11 @@ def _generate(args: argparse.Namespace) -> int:
     from hyserve.engine.sampling import SamplingParams
     from hyserve.model.loader import load_model
 
-    problem = run_flag_error(args) or model_path_error(args.model) or spec_flag_error(args.spec, args.spec_draft_model)
+    problem = (
+        run_flag_error(args)
+        or model_path_error(args.model)
+        or spec_flag_error(args.spec, args.spec_draft_model, args.spec_draft_p_min)
+    )
     if problem is not None:
         raise OperatorError(problem)
     hyserve_kernels.set_num_threads(args.threads)
@@ -46,7 +50,13 @@ def _generate(args: argparse.Namespace) -> int:
     if not args.chat:
         sys.stdout.write(args.prompt)
     config = spec_config(
-        args.spec, args.spec_max_draft, args.spec_draft_model, model.arch, model.tokenizer, device_request(args)
+        args.spec,
+        args.spec_max_draft,
+        args.spec_draft_model,
+        model.arch,
+        model.tokenizer,
+        device_request(args),
+        args.spec_draft_p_min,
     )
     spec = config if config.method != "off" else None
     stats = SpecStats()

@@ -1,5 +1,5 @@
 """The speculative decoding flags of `run` and `serve` (`--spec`, `--spec-max-draft`,
-`--spec-draft-model`) and the one `SpecConfig` they make."""
+`--spec-draft-model`, `--spec-draft-p-min`) and the one `SpecConfig` they make."""
 
 from __future__ import annotations
 
@@ -30,10 +30,19 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="GGUF of the draft model for --spec draft (the target's vocabulary; drafts greedily)",
     )
+    p.add_argument(
+        "--spec-draft-p-min",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="--spec draft: end a draft before a token the draft model gives less probability (0: never)",
+    )
 
 
-def spec_flag_error(method: str, draft_model: str | None) -> str | None:
+def spec_flag_error(method: str, draft_model: str | None, p_min: float = 0.0) -> str | None:
     """What is wrong with the speculation flags before anything is loaded (None: go on)."""
+    if not 0.0 <= p_min <= 1.0:
+        return "--spec-draft-p-min must be in [0, 1]"
     if method == "draft" and draft_model is None:
         return "--spec draft needs --spec-draft-model PATH"
     if method != "draft" and draft_model is not None:
@@ -51,6 +60,7 @@ def spec_config(
     target: Architecture,
     tokenizer: Tokenizer,
     device: DeviceRequest | None = None,
+    p_min: float = 0.0,
 ) -> SpecConfig:
     """The configuration the flags make (method "off" without `--spec`), with the draft model loaded
     and checked against the target's vocabulary (OperatorError when it differs); ValueError on a
@@ -64,4 +74,4 @@ def spec_config(
             draft = load_draft_model(draft_model, target, tokenizer, device)
         except DraftVocabularyError as exc:
             raise OperatorError(f"--spec-draft-model {draft_model}: not the model's vocabulary: {exc}") from exc
-    return SpecConfig(method=method, max_draft=max_draft, draft=draft)
+    return SpecConfig(method=method, max_draft=max_draft, draft=draft, draft_p_min=p_min)

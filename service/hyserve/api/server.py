@@ -127,6 +127,7 @@ class ServeConfig:
     spec: str = "off"  # speculative decoding for every request (--spec)
     spec_max_draft: int = 8
     spec_draft_model: str | None = None  # the draft model of --spec draft
+    spec_draft_p_min: float = 0.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -163,6 +164,7 @@ class ServeConfig:
             spec=args.spec,
             spec_max_draft=args.spec_max_draft,
             spec_draft_model=args.spec_draft_model,
+            spec_draft_p_min=args.spec_draft_p_min,
         )
 
 
@@ -236,7 +238,8 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig.from_args(args)
-    problem = model_path_error(config.model) or spec_flag_error(config.spec, config.spec_draft_model)
+    spec_problem = spec_flag_error(config.spec, config.spec_draft_model, config.spec_draft_p_min)
+    problem = model_path_error(config.model) or spec_problem
     if problem is not None:  # before listening: a wrong path is not worth a health-checked start
         raise OperatorError(problem)
     for name in ("parallel", "ctx_size", "default_max_tokens", "prompt_chunk", "spec_max_draft"):
@@ -317,7 +320,13 @@ def load_runtime(config: ServeConfig) -> Runtime:
     model.arch.forward([Segment(model.arch.new_memory(16), np.asarray(warm, dtype=np.int32), Logits.LAST)])
     log.info("model_warm", seconds=round(time.perf_counter() - start, 3))
     spec = spec_config(
-        config.spec, config.spec_max_draft, config.spec_draft_model, model.arch, model.tokenizer, config.device
+        config.spec,
+        config.spec_max_draft,
+        config.spec_draft_model,
+        model.arch,
+        model.tokenizer,
+        config.device,
+        config.spec_draft_p_min,
     )
     engine = Engine(
         model.arch,

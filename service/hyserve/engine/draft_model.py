@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from hyserve.model.backend.select import DeviceRequest
     from hyserve.model.tokenizer import Tokenizer
 
-__all__ = ["DraftModelDrafter", "DraftVocabularyError", "check_vocabulary", "load_draft_model"]
+__all__ = ["DraftModelDrafter", "DraftVocabularyError", "check_vocabulary", "confident_token", "load_draft_model"]
 
 CATCH_UP_CHUNK = 256  # tokens per forward when the draft memory catches up with a long prompt
 
@@ -65,6 +65,15 @@ def load_draft_model(
     return draft.arch
 
 
+def confident_token(logits: np.ndarray, p_min: float) -> tuple[int, bool]:
+    """The greedy token of `logits` and whether its probability is at least `p_min`."""
+    token = int(np.argmax(logits))
+    if p_min <= 0.0:
+        return token, True
+    shifted = logits.astype(np.float64) - float(logits[token])
+    return token, 1.0 / float(np.exp(shifted).sum()) >= p_min
+
+
 def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -74,11 +83,13 @@ def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class DraftModelDrafter:
-    """Greedy drafts of `arch` (the `Drafter` protocol), in a memory of `n_ctx` tokens."""
+    """Greedy drafts of `arch` (the `Drafter` protocol), in a memory of `n_ctx` tokens; a draft
+    ends before the first token the draft model gives less than `p_min` probability."""
 
-    def __init__(self, arch: Architecture, n_ctx: int) -> None:
+    def __init__(self, arch: Architecture, n_ctx: int, p_min: float = 0.0) -> None:
         self.arch = arch
         self.n_ctx = n_ctx
+        self.p_min = p_min  # a draft ends before a token the draft model gives less probability
         self.memory: SequenceMemory = arch.new_memory(n_ctx)
         self.tokens: list[int] = []  # the sequence so far
         self.held: list[int] = []  # the tokens the memory holds (a prefix of tokens + a draft)
@@ -99,18 +110,23 @@ class DraftModelDrafter:
         if k <= 0 or not self.tokens:
             return []
         logits = self._catch_up()
-        draft = [int(np.argmax(logits))]
+        draft: list[int] = []
         recording = not self.memory.truncatable
         self._snapshot = self.memory.snapshot() if recording else None
         self._parts = []
-        while len(draft) < k:
+        while True:
+            token, sure = confident_token(logits, self.p_min)
+            if not sure:
+                break  # an unsure draft token is likely rejected: verifying it costs more than it gains
+            draft.append(token)
+            if len(draft) == k:
+                break
             inputs: dict[int, tuple[np.ndarray, ...]] | None = {} if recording else None
-            token = np.asarray(draft[-1:], np.int32)
-            logits = self.arch.forward([Segment(self.memory, token, Logits.LAST, inputs)])[0]
-            self.held.append(draft[-1])
+            step = np.asarray([token], np.int32)
+            logits = self.arch.forward([Segment(self.memory, step, Logits.LAST, inputs)])[0]
+            self.held.append(token)
             if inputs is not None:
                 self._parts.append(inputs)
-            draft.append(int(np.argmax(logits)))
         return draft
 
     def _catch_up(self) -> np.ndarray:

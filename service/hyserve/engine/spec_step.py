@@ -112,6 +112,7 @@ class SpecStep:
             drafter = self._draft_memories.get(slot.index)
             if drafter is None:
                 drafter = self._draft_memories[slot.index] = DraftModelDrafter(config.draft, self.n_ctx)
+            drafter.p_min = config.draft_p_min  # per request: the memory is the slot's, the threshold the task's
             drafter.start()
             return drafter
         return NgramDrafter(config.ngram_min, config.ngram_max)

@@ -40,7 +40,8 @@ class SpecConfig:
     """`method`: "ngram" (prompt lookup), "draft" (the draft model `draft`, loaded by
     draft_model.load_draft_model) or "off"; `max_draft`: tokens per draft at most; `adaptive`:
     draft fewer after rejections, more after full acceptances; `ngram_min` / `ngram_max`: the
-    n-gram lengths prompt lookup matches."""
+    n-gram lengths prompt lookup matches; `draft_p_min`: a draft model's least probability for a
+    drafted token (0: draft `max_draft` tokens whatever it thinks)."""
 
     method: str = "ngram"
     max_draft: int = 8
@@ -48,6 +49,7 @@ class SpecConfig:
     ngram_min: int = 2
     ngram_max: int = 4
     draft: Architecture | None = field(default=None, compare=False, repr=False)
+    draft_p_min: float = 0.0  # a draft model's draft ends before a token it gives less probability
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -56,6 +58,8 @@ class SpecConfig:
             raise ValueError(f"max_draft must be >= 1 (got {self.max_draft})")
         if (self.method == "draft") != (self.draft is not None):
             raise ValueError("the draft method and a draft model go together")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise ValueError(f"draft_p_min must be in [0, 1] (got {self.draft_p_min})")
 
 
 def new_drafter(config: SpecConfig, n_ctx: int) -> Drafter | None:
@@ -63,7 +67,7 @@ def new_drafter(config: SpecConfig, n_ctx: int) -> Drafter | None:
     if config.method == "ngram":
         return NgramDrafter(config.ngram_min, config.ngram_max)
     if config.method == "draft" and config.draft is not None:
-        return DraftModelDrafter(config.draft, n_ctx)
+        return DraftModelDrafter(config.draft, n_ctx, config.draft_p_min)
     return None
 
 
