@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import queue
+import shutil
 import statistics
 import tempfile
 import time
@@ -198,9 +199,12 @@ def main() -> None:
         for spec in args.model or ["default"]:
             model = load_model(spec)
             identity = model_fingerprint(model.path)
-            rows = [measure(model, identity, n, redis.url, Path(tmp), args.repeats) for n in args.tokens]
+            rows = []
+            for n in args.tokens:
+                rows.append(measure(model, identity, n, redis.url, Path(tmp), args.repeats))
+                redis.client().flushdb()  # a 16k-token hybrid entry is GiBs: keep one length's at a time
+                shutil.rmtree(Path(tmp) / f"disk-{n}", ignore_errors=True)
             result["models"].append({"model": f"{model.gguf.architecture} {model.path.name}", "rows": rows})
-            redis.client().flushdb()
     publish(result, args.out, args.name, draw)
 
 

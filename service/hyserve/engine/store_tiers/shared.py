@@ -26,6 +26,7 @@ import json
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,6 +116,8 @@ class SharedTier:
         self._lookup = self._client.register_script(_LOOKUP)
         self._found: dict[int, _Found] = {}
         self._skip_until = 0.0
+        # what was written lately: a slot stashed right after its task finished is not sent twice
+        self._recent: deque[tuple[object, ...]] = deque(maxlen=16)
         self._queue: queue.Queue[StoredSequence | None] = queue.Queue(maxsize=max(1, config.queue_entries))
         self._thread = threading.Thread(target=self._writer, name="hyserve-shared-tier", daemon=True)
         self._thread.start()
@@ -211,7 +214,7 @@ class SharedTier:
     def put(self, entry: StoredSequence) -> None:
         """Queue an entry to be written (its arrays are immutable host copies); dropped, and
         counted, when the writer is behind."""
-        if len(entry.tokens) < BLOCK or not self._available():
+        if len(entry.tokens) < BLOCK or not self._available() or _signature(entry) in self._recent:
             return
         try:
             self._queue.put_nowait(entry)
@@ -261,8 +264,14 @@ class SharedTier:
         for h in block_hashes(entry.tokens, len(entry.tokens) // BLOCK):
             pipe.set(f"{self.ns}:i:{h}", entry_id, ex=ttl)
         pipe.execute()
+        self._recent.append(_signature(entry))
         self._count("shared", writes=1, bytes_written=len(data) + len(meta))
         return len(data)
+
+
+def _signature(entry: StoredSequence) -> tuple[object, ...]:
+    """Two exports of a slot that did not change in between have the same signature."""
+    return (len(entry.tokens), hash(entry.tokens), tuple(cp.position for cp in entry.checkpoints), entry.log.runs())
 
 
 def read_header_bytes(data: bytes) -> bytes:
