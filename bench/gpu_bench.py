@@ -160,6 +160,9 @@ def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int, repla
         "submissions": statistics.median(submissions),
         "steps": steps,
         "replayed_steps": plans.replays - replays,
+        # what one replay records (the step's plan): compute dispatches and buffer copies
+        "plan_dispatches": plans.last_plan.dispatches if replay and plans.last_plan else None,
+        "plan_copies": plans.last_plan.copies if replay and plans.last_plan else None,
     }
 
 

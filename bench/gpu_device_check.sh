@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a GPU machine that has no network: the GPU test files on the card
-# (both numerics modes), the agreement matrix in fast numerics, the dense matmul kernels alone in
+# (both numerics modes, captured decode steps among them), the agreement matrix in fast numerics, the dense matmul kernels alone in
 # both modes (bench/gpu_matvec_bench.py), and the side-by-side speed bench on
 # the realistic qwen35 (made there) and on Gemma 3 270M where its package is installed. Writes
 # logs, JSON and PNG into OUT. Takes ~5 minutes on an H200.
@@ -36,7 +36,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.
 log "GPU tests"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_gpu_recurrent_kernels.py \
     tests/test_gpu_moe.py tests/test_gpu_features.py tests/test_gpu_models.py tests/test_gpu_hybrid_models.py \
-    tests/test_gpu_matrix.py tests/test_device_choice.py tests/test_gpu_fast_matmul.py >"$OUT/tests.log" 2>&1
+    tests/test_gpu_matrix.py tests/test_device_choice.py tests/test_gpu_fast_matmul.py tests/test_gpu_step_plans.py \
+    >"$OUT/tests.log" 2>&1
 tests_rc=$?
 log "GPU tests rc=$tests_rc: $(tail -n 1 "$OUT/tests.log")"
 

@@ -10,6 +10,8 @@
 //! - `open`: opening a device, and the probes of its `fma` and of the optional features.
 //! - `weights`: GGUF tensors uploaded once in their block formats, split across bindings.
 //! - `ops`: one function per operation; each records a dispatch and returns at once.
+//! - `attention`: K/V cache writes and attention over the cache.
+//! - `transfer`: uploads, writes and read-backs between host and device.
 //! - `matvec`: dense matmuls, on `matmul.wgsl` (exact numerics) or `matmul_fast.wgsl` (fast).
 //! - `recorder`: the pending encoder, the compute pass its dispatches share, their parameters.
 //! - `capture`: a forward captured once as a plan of commands, replayed in one call per step.
@@ -22,6 +24,7 @@
 //! row's result does not depend on the other rows of its batch.
 
 pub mod adapter;
+pub mod attention;
 pub mod capture;
 pub mod device;
 pub mod features;
@@ -33,6 +36,7 @@ pub mod ops;
 pub mod profile;
 pub mod recorder;
 pub mod recurrent;
+pub mod transfer;
 pub mod weights;
 
 pub use adapter::AdapterChoice;

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use super::device::GpuDevice;
 use super::tensor::{GpuKvCache, GpuTensor, KvBits};
-use crate::gpu::ops::{self, AttentionSpec};
+use crate::gpu::attention::{self as ops, AttentionSpec};
 use crate::py::common::value_error;
 
 #[pymethods]

@@ -147,6 +147,11 @@ class StepPlans:
         self._seen.pop(key, None)
         self._drop_stale()
 
+    @property
+    def last_plan(self) -> hk.GpuPlan | None:
+        """The plan captured or replayed last (the bench reports its size)."""
+        return next(reversed(self._plans.values())).plan if self._plans else None
+
     def _drop_stale(self) -> None:
         for key in [k for k, p in self._plans.items() if any(ref() is None for ref in p.memories)]:
             del self._plans[key]
