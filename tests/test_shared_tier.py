@@ -196,8 +196,9 @@ def test_a_store_that_is_down_stalled_or_full_never_fails_a_request(
         finally:
             engine.shutdown()
 
-    with running_redis(tmp_path / "full.log", "--maxmemory", "1mb", "--maxmemory-policy", "noeviction") as store:
-        served_and_counted(store, "full", 1)  # the write is refused (OOM): the state stays local
+    with running_redis(tmp_path / "full.log", "--maxmemory", "100kb", "--maxmemory-policy", "noeviction") as store:
+        # below what an empty server uses: every write is refused (OOM), the state stays local
+        served_and_counted(store, "full", 1)
         assert not list(store.client().scan_iter("hyserve:*"))
     with running_redis(tmp_path / "stalled.log") as store:
         store.pause()
