@@ -31,6 +31,7 @@ import pytest
 from fixtures import make_models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis_process import running_redis
 
 from hyserve.engine.cache_plan import CachedView, replay_reach
 from hyserve.engine.cancel import CancelSource
@@ -41,6 +42,7 @@ from hyserve.engine.generator import StopRule
 from hyserve.engine.input_log import InputLog
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.speculative import SpecConfig
+from hyserve.engine.store_tiers.shared import SharedTierConfig
 from hyserve.engine.task import DeltaEvent, Event, FailedEvent, FinishedEvent, FinishReason, Task
 from hyserve.model.architectures.base import Logits, Segment
 from hyserve.model.backend.select import DeviceRequest
@@ -143,6 +145,7 @@ def _rig(
     replay_tokens: int = 16,
     device: str = "cpu",
     spec: Callable[[LoadedModel], SpecConfig] | None = None,
+    tiers: tuple[Path, str] | None = None,
 ) -> Iterator[Rig]:
     model = load_model(path, device=DeviceRequest(device))
     # budgets in units of one checkpoint (attention-only memory: logits only) so eviction happens
@@ -157,6 +160,10 @@ def _rig(
         cache_memory=40 * snap_bytes,  # a few entries: store eviction happens
         replay_memory=replay_tokens * input_bytes_per_token(model),  # kept inputs for this many positions
         spec=spec(model) if spec is not None else SpecConfig(method="off"),
+        # (disk folder, Redis URL): the store's disk and shared tiers behind the host store
+        cache_dir=str(tiers[0]) if tiers else None,
+        cache_disk_bytes=1 << 30 if tiers else 0,
+        shared_cache=SharedTierConfig(tiers[1], block_tokens=8) if tiers else None,  # short prompts indexed
     )
     engine = Engine(model.arch, model.tokenizer, config)
     reference = Engine(model.arch, model.tokenizer, EngineConfig(n_slots=1, n_ctx=512, prompt_chunk=8, cache_memory=0))
@@ -214,6 +221,15 @@ def spec_rig(model_path: Path) -> Iterator[Rig]:
 def draft_rig(model_path: Path) -> Iterator[Rig]:
     """Two slots whose drafts are accepted, with draft memories that follow each slot's sequences."""
     yield from _rig(model_path, 2, spec=self_draft_spec)
+
+
+@pytest.fixture(scope="module")
+def tiered_rig(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """Two hybrid slots whose store spills to the disk tier and writes to a real Redis (the shared
+    tier), so that restores come from every tier."""
+    folder = tmp_path_factory.mktemp("tiers")
+    with running_redis(folder / "redis.log") as redis:
+        yield from _rig(model_path, 2, tiers=(folder / "disk", redis.url))
 
 
 @pytest.fixture(scope="module")
@@ -388,6 +404,12 @@ def test_cache_is_transparent_on_two_slots(rig2: Rig, data: st.DataObject) -> No
 
 @settings(SETTINGS, max_examples=EXAMPLES // 2)
 @given(data=st.data())
+def test_cache_is_transparent_with_disk_and_shared_tiers(tiered_rig: Rig, data: st.DataObject) -> None:
+    run_example(tiered_rig, data)
+
+
+@settings(SETTINGS, max_examples=EXAMPLES // 2)
+@given(data=st.data())
 def test_cache_is_transparent_on_attention_only_memory(attention_rig: Rig, data: st.DataObject) -> None:
     run_example(attention_rig, data)
 
@@ -454,3 +476,16 @@ def test_the_speculating_runs_drafted_and_rolled_back(spec_rig: Rig, draft_rig: 
     assert rejected.spec_drafts > 50 and rejected.spec_draft_tokens > 2 * rejected.spec_accepted_tokens, rejected
     assert accepted.spec_drafts > 50 and accepted.spec_accepted_tokens > accepted.spec_draft_tokens // 2, accepted
     assert rejected.restores > 0 and accepted.restores > 0
+
+
+def test_the_tiered_run_restored_from_the_disk_tier(tiered_rig: Rig) -> None:
+    """Guards against a vacuous property: the host store spilled, entries came back from disk, and
+    the shared tier was written (and looked up) without an error."""
+    exercise(tiered_rig, test_cache_is_transparent_with_disk_and_shared_tiers, tiered_rig=tiered_rig)
+    tiers = tiered_rig.engine.stats().counters.tiers
+    assert tiers["disk"].hits > 0 and tiers["disk"].writes > 0, tiers
+    deadline = time.monotonic() + 60  # only against a hang: the shared tier writes in the background
+    while tiered_rig.engine.stats().counters.tiers["shared"].writes == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shared = tiered_rig.engine.stats().counters.tiers["shared"]
+    assert shared.writes > 0 and shared.errors == 0, shared

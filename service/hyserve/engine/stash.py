@@ -21,7 +21,7 @@ from hyserve.engine.prefix_store import PrefixStore, StoredSequence
 from hyserve.engine.shared import Shared
 from hyserve.engine.slot import Slot
 from hyserve.engine.store_tiers import DiskTier
-from hyserve.engine.store_tiers.shared import BLOCK, SHARED_KEY_BASE, SharedTier
+from hyserve.engine.store_tiers.shared import SHARED_KEY_BASE, SharedTier
 from hyserve.model.architectures.base import Architecture
 
 __all__ = ["StateStash", "export_slot", "tier_of"]
@@ -81,7 +81,8 @@ class StateStash:
         if self.shared_tier is None:
             return
         local = [s.tokens for s in slots] + [c.view.tokens for c in self._local_candidates()]
-        self.shared_tier.lookup([p for p in prompts if _best_prefix(p, local) < len(p) // BLOCK * BLOCK])
+        block = self.shared_tier.block
+        self.shared_tier.lookup([p for p in prompts if _best_prefix(p, local) < len(p) // block * block])
 
     def _local_candidates(self) -> list[StoreCandidate]:
         # host entries first: on a tie the plan keeps the earlier candidate
@@ -146,7 +147,7 @@ class StateStash:
     def finished(self, slot: Slot) -> None:
         """A task ended on this slot: its state goes to the shared tier (queued), so the next turn
         resumes on any replica, even after this one is killed."""
-        if self.shared_tier is not None and len(slot.tokens) >= BLOCK and slot.consistent():
+        if self.shared_tier is not None and len(slot.tokens) >= self.shared_tier.block and slot.consistent():
             self.shared_tier.put(export_slot(slot))
 
     def close(self, slots: list[Slot]) -> None:

@@ -44,7 +44,7 @@ __all__ = ["BLOCK", "SHARED_KEY_BASE", "SharedTier", "SharedTierConfig", "block_
 
 log = structlog.get_logger(__name__)
 
-BLOCK = 128  # tokens between index keys: a prompt shorter than this is never looked up
+BLOCK = 128  # tokens between index keys by default: a prompt shorter than one block is never looked up
 SHARED_KEY_BASE = -(1 << 40)  # candidate keys <= this are shared-tier entries (disk keys are small negatives)
 _RETRY_AFTER_S = 2.0  # after a failure, lookups and writes skip the tier this long
 
@@ -70,15 +70,16 @@ class SharedTierConfig:
     timeout_s: float = 0.2  # socket timeout of lookups and loads (per read, not per transfer)
     chunk_bytes: int = 8 << 20
     queue_entries: int = 2  # entries waiting to be written (each holds host copies of a state)
+    block_tokens: int = BLOCK  # tokens between index keys (small ones only in tests: more keys)
 
 
-def block_hashes(tokens: Sequence[int], n_blocks: int) -> list[str]:
-    """Chained SHA-256 of the first k * BLOCK tokens, k = 1..n_blocks."""
-    data = np.asarray(tokens[: n_blocks * BLOCK], dtype=np.uint32).tobytes()
+def block_hashes(tokens: Sequence[int], n_blocks: int, block: int = BLOCK) -> list[str]:
+    """Chained SHA-256 of the first k * block tokens, k = 1..n_blocks."""
+    data = np.asarray(tokens[: n_blocks * block], dtype=np.uint32).tobytes()
     h = hashlib.sha256()
     out = []
     for k in range(n_blocks):
-        h.update(data[k * BLOCK * 4 : (k + 1) * BLOCK * 4])
+        h.update(data[k * block * 4 : (k + 1) * block * 4])
         out.append(h.copy().hexdigest()[:32])
     return out
 
@@ -101,6 +102,7 @@ class SharedTier:
 
     def __init__(self, config: SharedTierConfig, identity: str, count_tier: Callable[..., None]) -> None:
         self.config = config
+        self.block = config.block_tokens
         self.identity = identity
         self.ns = "hyserve:" + hashlib.sha256(identity.encode()).hexdigest()[:24]
         self._count = count_tier
@@ -140,13 +142,13 @@ class SharedTier:
         round trip each); `candidates` returns them until the next lookup."""
         self._found = {}
         for prompt in prompts:
-            n_blocks = len(prompt) // BLOCK
+            n_blocks = len(prompt) // self.block
             if n_blocks == 0:
                 continue
             if not self._available():
                 self._count("shared", misses=1)
                 continue
-            keys = [f"{self.ns}:i:{h}" for h in reversed(block_hashes(prompt, n_blocks))]
+            keys = [f"{self.ns}:i:{h}" for h in reversed(block_hashes(prompt, n_blocks, self.block))]
             try:
                 reply = self._lookup(keys=keys, args=[self.ns])
             except redis.RedisError as exc:
@@ -214,7 +216,7 @@ class SharedTier:
     def put(self, entry: StoredSequence) -> None:
         """Queue an entry to be written (its arrays are immutable host copies); dropped, and
         counted, when the writer is behind."""
-        if len(entry.tokens) < BLOCK or not self._available() or _signature(entry) in self._recent:
+        if len(entry.tokens) < self.block or not self._available() or _signature(entry) in self._recent:
             return
         try:
             self._queue.put_nowait(entry)
@@ -261,7 +263,7 @@ class SharedTier:
         for i, chunk in enumerate(chunks):
             pipe.set(f"{self.ns}:c:{entry_id}:{i}", chunk, ex=ttl)
         pipe.set(f"{self.ns}:m:{entry_id}", meta, ex=ttl)
-        for h in block_hashes(entry.tokens, len(entry.tokens) // BLOCK):
+        for h in block_hashes(entry.tokens, len(entry.tokens) // self.block, self.block):
             pipe.set(f"{self.ns}:i:{h}", entry_id, ex=ttl)
         pipe.execute()
         self._recent.append(_signature(entry))
