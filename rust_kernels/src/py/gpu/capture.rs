@@ -77,11 +77,11 @@ impl GpuDevice {
                 t.size()
             )));
         }
-        let mut values = ids.values.lock().unwrap();
-        values.copy_from_slice(new);
+        // one lock at a time: `rope_table` takes the tables' lock, then the values'
+        ids.values.lock().unwrap().copy_from_slice(new);
         self.gpu.write(t.buf.raw(), 0, bytemuck::cast_slice(new));
         for (&key, table) in ids.rope_tables.lock().unwrap().iter() {
-            let bytes = rope_table_values(&values, key);
+            let bytes = rope_table_values(new, key);
             self.gpu.write(table.raw(), 0, bytemuck::cast_slice(&bytes));
         }
         Ok(())
