@@ -19,11 +19,14 @@ from server_process import running_server
 from test_cache_transparency import settle, submit
 from test_server_hybrid import generate, reference
 
+from hyserve.engine.cache_plan import same_view
+from hyserve.engine.checkpoints import CheckpointList
 from hyserve.engine.config import EngineConfig
 from hyserve.engine.engine import Engine
 from hyserve.engine.prefix_store import StoredSequence
 from hyserve.engine.store_tiers import DiskTier, EntryFormatError, decode_entry, encode_entry
 from hyserve.engine.store_tiers.format import MAGIC
+from hyserve.engine.task import FailedEvent
 from hyserve.model.loader import load_model
 from hyserve.model.memory import Snapshot
 
@@ -177,6 +180,33 @@ def test_leftover_temp_files_and_bad_files_are_skipped(tmp_path: Path, hybrid_en
         tier.close()
 
 
+def with_fewer_checkpoints(entry: StoredSequence) -> StoredSequence:
+    """The same tokens stashed again with other checkpoints (the same conversation at another turn)."""
+    assert len(entry.checkpoints) >= 2
+    kept = CheckpointList(list(entry.checkpoints)[:1])
+    return StoredSequence(entry.tokens, entry.image, kept, entry.live_floor, entry.log)
+
+
+def test_an_entry_rewritten_after_it_was_offered_is_a_miss(tmp_path: Path, hybrid_entry: StoredSequence) -> None:
+    """The writer may replace a file between the plan (made on the offered header) and the read:
+    the read answers a miss, never an entry without the checkpoint the plan restores."""
+    counts, count = _counts()
+    tier = DiskTier(tmp_path, 1 << 30, ID, count)
+    try:
+        assert tier.write(hybrid_entry)
+        (offered,) = tier.candidates()
+        assert same_view(offered.view, hybrid_entry.view())
+        replacement = with_fewer_checkpoints(hybrid_entry)
+        assert tier.write(replacement) and len(list(tmp_path.glob("*.hyc"))) == 1
+        assert tier.load(offered.key) is None and "disk_cache_rejected" not in counts
+        (again,) = tier.candidates()
+        loaded = tier.load(again.key)
+        assert loaded is not None
+        assert_same_entry(replacement, loaded)
+    finally:
+        tier.close()
+
+
 def test_the_directory_stays_within_its_budget_least_recently_used_first(
     tmp_path: Path, hybrid_entry: StoredSequence
 ) -> None:
@@ -238,3 +268,39 @@ def test_a_restarted_server_resumes_the_conversation_from_disk(tmp_path: Path, h
     assert accepted.reused_tokens == 0
     assert "disk_cache_entry_skipped" in (tmp_path / "third.log").read_text()
     assert os.listdir(cache_dir)
+
+
+def test_a_failing_tier_read_fails_the_taken_task_alone(
+    tmp_path: Path, hybrid_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task taken off the queue is in no slot until its store entry is read: an error there (an
+    injected bug) ends it with a clear message instead of losing it, and the engine serves on."""
+    model = load_model(hybrid_path)
+    disk = {"cache_dir": str(tmp_path), "cache_disk_bytes": 1 << 30, "cache_memory": 0}  # entries from disk only
+    config = EngineConfig(n_slots=1, n_ctx=256, prompt_chunk=8, **disk)
+    engine = Engine(model.arch, model.tokenizer, config)
+    engine.start()
+    try:
+        rng = np.random.default_rng(8)
+        first = [int(t) for t in rng.integers(10, 400, size=30)]
+        submit(engine, first, 3, checkpoint_offsets=(20,))[1].wait()
+        submit(engine, [int(t) for t in rng.integers(10, 400, size=12)], 3)[1].wait()  # stashes `first`
+        deadline = time.monotonic() + 60  # only against a hang: the disk tier writes in the background
+        while engine.stats().counters.tiers["disk"].writes == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+        def broken(self: DiskTier, key: int) -> StoredSequence | None:
+            raise RuntimeError("injected read failure")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(DiskTier, "load", broken)
+            _, pending = submit(engine, first[:25], 2)
+            event = pending.events.get(timeout=60)
+        assert isinstance(event, FailedEvent) and "injected read failure" in event.message
+        settle(engine)
+        assert engine.idle()
+        again = submit(engine, first[:25], 2)[1].wait()  # the entry is read now, and served from it
+        assert again.tokens == reference(hybrid_path, first[:25], 2)
+        assert engine.stats().counters.tiers["disk"].hits == 1
+    finally:
+        engine.shutdown()

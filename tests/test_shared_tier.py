@@ -17,6 +17,7 @@ import pytest
 from fixtures import make_models
 from redis_process import RedisServer, redis_server_binary, running_redis
 from server_process import free_port, running_server
+from test_disk_tier import stored_entry, with_fewer_checkpoints
 from test_server_hybrid import generate, reference
 
 from hyserve.engine.cache_plan import ReuseSource
@@ -25,7 +26,7 @@ from hyserve.engine.engine import Engine
 from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.stats import TierCounters
 from hyserve.engine.stop import StopRule
-from hyserve.engine.store_tiers.shared import SharedTierConfig
+from hyserve.engine.store_tiers.shared import SharedTier, SharedTierConfig
 from hyserve.engine.task import AcceptedEvent, DeltaEvent, FailedEvent, FinishedEvent, Task
 from hyserve.model.loader import LoadedModel, load_model
 
@@ -143,6 +144,31 @@ def test_another_engine_resumes_from_the_shared_tier_bit_for_bit(
     client = store.client()
     keys = list(client.scan_iter("hyserve:*"))
     assert keys and all(0 < client.ttl(k) <= 3600 for k in keys)
+
+
+def test_an_entry_rewritten_after_its_lookup_is_a_miss(model_path: Path, store: RedisServer) -> None:
+    """Another writer may replace an entry (same tokens, other checkpoints) between the lookup the
+    plan was made on and the load: the load answers a miss, never an entry the plan does not fit."""
+    entry = stored_entry(model_path)
+    counts: dict[str, int] = {}
+
+    def count_tier(tier: str, **deltas: int) -> None:
+        for k, v in deltas.items():
+            counts[k] = counts.get(k, 0) + v
+
+    tier = SharedTier(SharedTierConfig(store.url, block_tokens=8), "rewrite-test", count_tier)
+    try:
+        tier.write(entry)
+        tier.lookup([entry.tokens])
+        (offered,) = tier.candidates()
+        tier.write(with_fewer_checkpoints(entry))
+        assert tier.load(offered.key) is None and counts.get("errors", 0) == 0
+        tier.lookup([entry.tokens])
+        (again,) = tier.candidates()
+        loaded = tier.load(again.key)
+        assert loaded is not None and len(loaded.checkpoints) == 1 and counts["hits"] == 1
+    finally:
+        tier.close()
 
 
 def test_junk_or_evicted_keys_are_misses_never_a_restored_state(

@@ -22,22 +22,20 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from dataclasses import replace
 
 import hyserve_kernels
 import numpy as np
 import structlog
 
+from hyserve.engine.admission_take import take_admissions
 from hyserve.engine.cache_plan import (
     Admission,
     CheckpointKind,
     EvictionCandidate,
     LogBlockView,
-    QueuedPrompt,
     ResumePlan,
     choose_evictions,
     choose_log_evictions,
-    plan_admissions,
 )
 from hyserve.engine.checkpoints import Checkpoint
 from hyserve.engine.config import EngineConfig
@@ -59,7 +57,6 @@ from hyserve.engine.task import (
     FinishedEvent,
     FinishReason,
     Task,
-    TaskState,
 )
 from hyserve.engine.token_step import take_token
 from hyserve.model.architectures.base import Architecture, ForwardCancelled, Logits, Segment
@@ -168,49 +165,11 @@ class EngineLoop:
             self._step()
 
     def _admit(self) -> list[Run]:
-        free = [slot for slot in self.slots if slot.run is None]
-        if not free:
-            return []
-        self.stash.lookup(self.shared.waiting_prompts(), self.slots)  # network: outside the lock
-        with self.shared.lock:
-            queued = list(self.shared.queue)
-            store = self.stash.candidates()
-            prompts = [
-                QueuedPrompt(t.prompt, t.cache_prompt, t.message_boundaries, t.checkpoint_offsets) for t in queued
-            ]
-            plan = plan_admissions(
-                prompts,
-                [s.candidate() for s in free],
-                store,
-                store_enabled=self.stash.enabled,
-                checkpoint_interval=self.config.checkpoint_interval,
-            )
-            tasks = [self.shared.queue.pop() for _ in plan]
-            for task in tasks:
-                task.state = TaskState.RUNNING
+        taken = take_admissions(self.shared, self.stash, self.slots, self.config.checkpoint_interval)
         now = time.perf_counter()
-        # hold the planned store entries first: stashing a slot for one admission may evict them
-        entries: dict[int, StoredSequence] = {}
-        for i, a in enumerate(plan):
-            if a.store_key is None:
-                continue
-            entry = self.stash.get(a.store_key)
-            if entry is None:  # an unreadable disk entry: plan this prompt again without it
-                plan[i] = replace(
-                    plan_admissions(
-                        [prompts[a.queue_pos]],
-                        [self.slots[a.slot].candidate()],
-                        store_enabled=self.stash.enabled,
-                        checkpoint_interval=self.config.checkpoint_interval,
-                    )[0],
-                    queue_pos=a.queue_pos,
-                )
-            else:
-                entries[a.store_key] = entry
         admitted: list[Run] = []
-        for task, a in zip(tasks, plan):
+        for task, a, entry in ((t.task, t.admission, t.entry) for t in taken):
             try:
-                entry = entries.get(a.store_key) if a.store_key is not None else None
                 admitted.append(self._start(task, self.slots[a.slot], a, entry, now))
             except Exception as exc:  # a bug preparing this slot: fail this task alone, reset the slot
                 task.log.exception("admission_failed", slot=a.slot)
@@ -260,6 +219,11 @@ class EngineLoop:
                 by[plan.reason] = by.get(plan.reason, 0) + plan.reprocessed
         require(slot.consistent(), f"slot {slot.index}: tokens and memory disagree after admission (I1)")
         require(len(slot.tokens) == plan.resume, f"slot {slot.index}: {len(slot.tokens)} tokens, {plan.resume} planned")
+        # a run with the whole prompt in memory samples from stored logits; without them it would wait forever
+        require(
+            plan.resume < len(task.prompt) or first_logits is not None,
+            f"slot {slot.index}: no logits at the prompt end",
+        )
         slot.last_prompt_len = len(task.prompt)
         self._admissions += 1
         run = Run(

@@ -46,6 +46,7 @@ from hyserve.engine.cache_plan.resume import (
     common_prefix_len,
     plan_resume,
     replay_reach,
+    same_view,
 )
 
 __all__ = [
@@ -72,5 +73,6 @@ __all__ = [
     "plan_admissions",
     "plan_resume",
     "replay_reach",
+    "same_view",
     "subsumes",
 ]

@@ -43,6 +43,16 @@ class CachedView:
     logged: Sequence[tuple[int, int]] = ()  # maximal runs [start, end) of positions whose inputs are kept
 
 
+def same_view(a: CachedView, b: CachedView) -> bool:
+    """The two views describe the same cached sequence (whatever sequence types they hold)."""
+    return (
+        tuple(a.tokens) == tuple(b.tokens)
+        and a.live_floor == b.live_floor
+        and tuple(a.checkpoints) == tuple(b.checkpoints)
+        and tuple(map(tuple, a.logged)) == tuple(map(tuple, b.logged))
+    )
+
+
 def replay_reach(view: CachedView) -> list[tuple[int, int, int]]:
     """(base, first, last): every position in [first, last] is reached by replaying kept inputs from
     `base` (a checkpoint position, or 0: the empty state) on; base == first, the nearest base for the

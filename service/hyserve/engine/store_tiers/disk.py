@@ -25,7 +25,7 @@ from pathlib import Path
 
 import structlog
 
-from hyserve.engine.cache_plan import CachedView, CheckpointView, StoreCandidate, subsumes
+from hyserve.engine.cache_plan import CachedView, CheckpointView, StoreCandidate, same_view, subsumes
 from hyserve.engine.prefix_store import StoredSequence
 from hyserve.engine.store_tiers.format import EntryFormatError, decode_entry, encode_entry, read_header
 
@@ -78,7 +78,7 @@ class DiskTier:
         self._count_tier = count_tier or (lambda *_, **__: None)
         self._lock = threading.Lock()
         self._index: dict[str, _Indexed] = {}  # file name -> entry
-        self._keys: dict[int, str] = {}
+        self._keys: dict[int, tuple[str, CachedView]] = {}  # candidate key -> (file name, the view offered)
         self._queue: queue.Queue[StoredSequence | None] = queue.Queue()
         self._scan()
         self._thread = threading.Thread(target=self._writer, name="hyserve-disk-tier", daemon=True)
@@ -127,16 +127,18 @@ class DiskTier:
     def candidates(self) -> list[StoreCandidate]:
         """The indexed entries as store candidates, with negative keys (host store keys are >= 0)."""
         with self._lock:
-            self._keys = {-(i + 1): name for i, name in enumerate(self._index)}
-            return [StoreCandidate(key, self._index[name].view) for key, name in self._keys.items()]
+            self._keys = {-(i + 1): (name, item.view) for i, (name, item) in enumerate(self._index.items())}
+            return [StoreCandidate(key, view) for key, (_, view) in self._keys.items()]
 
     def load(self, key: int) -> StoredSequence | None:
         """The entry behind a candidate key, read and checked in full; None (logged, counted, and
-        dropped from the index) when the file is gone, corrupt or foreign."""
+        dropped from the index) when the file is gone, corrupt or foreign, and None (a miss) when
+        the writer replaced it since it was offered (same tokens, other checkpoints): the plan was
+        made for the offered one."""
         with self._lock:
-            name = self._keys.get(key)
-            item = self._index.get(name) if name is not None else None
-        if item is None:
+            name, offered = self._keys.get(key, ("", None))
+            item = self._index.get(name)
+        if item is None or offered is None:
             return None
         try:
             entry = decode_entry(item.path.read_bytes(), self.identity)
@@ -146,6 +148,10 @@ class DiskTier:
             with self._lock:
                 self._index.pop(item.path.name, None)
             self._reject(item.path, exc)
+            self._count_tier("disk", misses=1)
+            return None
+        if not same_view(entry.view(), offered):
+            log.info("disk_cache_entry_replaced", file=item.path.name)
             self._count_tier("disk", misses=1)
             return None
         self._count(disk_cache_hits=1)

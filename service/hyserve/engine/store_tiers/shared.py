@@ -11,11 +11,13 @@ tokens):
   hash, one key per block boundary of the entry).
 
 A lookup is one round trip: a server-side script walks the prompt's block hashes from the longest
-down and returns the first header it finds. A load is one more: all chunks in one MGET. Every key
-gets the TTL, and the server's `maxmemory` policy may drop any of them: a missing key is a miss, a
-chunk that does not check out (checksum, identity, tokens) is a miss counted as an error, never
-a restored state. Writes go through a bounded queue to a writer thread (the engine thread never
-waits on the network to write); a full queue drops the entry. Reads use a short socket timeout;
+down and returns the first header it finds. A load is one more: all chunks and the header in one
+MGET (a header changed since the lookup means the entry was rewritten: a miss, the plan was made
+for the old one). Every key gets the TTL, and the server's `maxmemory` policy may drop any of
+them: a missing key is a miss, a chunk that does not check out (checksum, identity, tokens) is a
+miss counted as an error, never a restored state. Writes go through a bounded queue to a writer
+thread (the engine thread never waits on the network to write); a full queue drops the entry.
+Reads use a short socket timeout;
 after a failure the tier is skipped for a moment instead of waiting on every admission.
 """
 
@@ -35,7 +37,7 @@ import numpy as np
 import redis
 import structlog
 
-from hyserve.engine.cache_plan import CachedView, StoreCandidate
+from hyserve.engine.cache_plan import CachedView, StoreCandidate, same_view
 from hyserve.engine.prefix_store import StoredSequence
 from hyserve.engine.store_tiers.disk import header_view
 from hyserve.engine.store_tiers.format import EntryFormatError, decode_entry, encode_entry, read_header
@@ -94,6 +96,7 @@ class _Found:
     view: CachedView
     chunks: int
     size: int
+    meta: bytes  # the header as looked up: a load that finds another was rewritten since
 
 
 class SharedTier:
@@ -170,7 +173,7 @@ class SharedTier:
             if _entry_id(view.tokens) != entry_id:
                 raise EntryFormatError("corrupt", "header does not name its entry")
             self._count("shared", bytes_read=len(meta))
-            return _Found(entry_id, view, int(info["chunks"]), int(info["size"]))
+            return _Found(entry_id, view, int(info["chunks"]), int(info["size"]), bytes(meta))
         except (EntryFormatError, ValueError, KeyError, TypeError, AttributeError) as exc:
             # junk under our keys (another writer, a bug, an operator): a miss, and said so
             self._count("shared", misses=1, errors=1)
@@ -187,10 +190,14 @@ class SharedTier:
         if found is None:
             return None
         names = [f"{self.ns}:c:{found.entry_id}:{i}" for i in range(found.chunks)]
-        try:
-            parts = self._client.mget(names)
+        try:  # the header too: a write is one transaction, so chunks and header are of one entry
+            *parts, meta = self._client.mget([*names, f"{self.ns}:m:{found.entry_id}"])
         except redis.RedisError as exc:
             self._failed("load", exc)
+            return None
+        if meta is not None and bytes(meta) != found.meta:  # rewritten since the lookup: the plan fits the old one
+            self._count("shared", misses=1)
+            log.info("shared_cache_entry_replaced", entry=found.entry_id)
             return None
         if any(p is None for p in parts):  # expired or evicted by the server: a plain miss
             self._count("shared", misses=1)
@@ -204,6 +211,8 @@ class SharedTier:
             entry = decode_entry(data, self.identity)
             if entry.tokens != tuple(found.view.tokens):
                 raise EntryFormatError("corrupt", "entry tokens differ from its header")
+            if not same_view(entry.view(), found.view):
+                raise EntryFormatError("corrupt", "entry differs from its header")
         except EntryFormatError as exc:
             self._count("shared", misses=1, errors=1)
             log.warning("shared_cache_entry_rejected", op="load", entry=found.entry_id, error=str(exc)[:200])
