@@ -73,7 +73,7 @@ class Pending:
         while True:
             if cancel_after is not None and seen == cancel_after and engine and task:
                 engine.cancel_task(task, CancelSource.RPC)
-            event = self.events.get(timeout=float(__import__("os").environ.get("HYSERVE_TEST_EVENT_TIMEOUT", "120")))
+            event = self.events.get(timeout=120)
             seen += 1
             if isinstance(event, DeltaEvent):
                 tokens += event.token_ids
