@@ -81,11 +81,12 @@ class HyserveSide:
     def step(self) -> float:
         from hyserve.model.architectures.base import Logits, Segment
 
-        segs = [Segment(m, np.array([t], np.int32), Logits.LAST) for m, t in zip(self.mems, self.next)]
+        # greedy decoding as the server runs it: the forward returns each row's greedy token
+        segs = [Segment(m, np.array([t], np.int32), Logits.ARGMAX) for m, t in zip(self.mems, self.next)]
         t0 = time.perf_counter()
         out = self.model.arch.forward(segs)
         dt = time.perf_counter() - t0
-        self.next = [int(np.argmax(lg)) for lg in out]
+        self.next = [int(token[0]) for token in out]
         return dt
 
     def stop(self) -> None:

@@ -108,21 +108,26 @@ def timestamps(ops: Any, run: Any) -> dict:
     }
 
 
-def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int, replay: bool = True) -> dict:
+def decode_step_host_s(
+    arch: Any, ops: Any, tokens: list[int], steps: int, replay: bool = True, greedy: bool = False
+) -> dict:
     """Host time of one-token decode steps as the server runs them (a hybrid keeps its recurrent
     layers' inputs for exact resumes): `record_s` from the forward call to its read-back (a
     captured step's replay, or with `replay=False` the Python ops, bind groups and dispatches
     recorded one by one: work no GPU speeds up), `step_s` the whole step (submission, the
     device's work and the wait included), `submissions` per step. Medians over `steps` steps,
-    after two warm-up steps (the second is captured)."""
+    after two warm-up steps (the second is captured). `greedy`: the step returns its greedy
+    token (one number read back) instead of the logits row."""
     from hyserve.model.architectures.base import Logits, Segment
+
+    mode = Logits.ARGMAX if greedy else Logits.LAST
 
     ops.replay_steps = replay
     plans = arch.step_plans
     memory = arch.new_memory(len(tokens) + steps + 8)
     arch.forward([Segment(memory, np.asarray(tokens, np.int32), Logits.NONE)])
     for token in tokens[:2]:
-        arch.forward([Segment(memory, np.asarray([token], np.int32), Logits.LAST, {})])
+        arch.forward([Segment(memory, np.asarray([token], np.int32), mode, {})])
     read_at: list[float] = []
     marked = {name: getattr(ops, name) for name in ("to_host", "to_host_many")}
     real_read_back = plans.read_back
@@ -145,7 +150,7 @@ def decode_step_host_s(arch: Any, ops: Any, tokens: list[int], steps: int, repla
             before = ops.device.submissions
             start = time.perf_counter()
             token = np.asarray([tokens[i % len(tokens)]], np.int32)
-            arch.forward([Segment(memory, token, Logits.LAST, {})])
+            arch.forward([Segment(memory, token, mode, {})])
             whole.append(time.perf_counter() - start)
             record.append(read_at[0] - start)
             submissions.append(ops.device.submissions - before)
@@ -200,17 +205,17 @@ def bench_hyserve(args: argparse.Namespace, path: str | Path) -> dict:
 
     def generation() -> float:
         memory = arch.new_memory(args.prompt + args.gen + 8)
-        logits = arch.forward([Segment(memory, np.asarray(tokens[:8], np.int32), Logits.LAST)])[0]
+        nxt = arch.forward([Segment(memory, np.asarray(tokens[:8], np.int32), Logits.ARGMAX)])[0]
         t = time.perf_counter()
-        for _ in range(args.gen):
-            nxt = np.asarray([int(np.argmax(logits))], np.int32)
-            logits = arch.forward([Segment(memory, nxt, Logits.LAST)])[0]
+        for _ in range(args.gen):  # greedy as the server runs it: the device returns the token
+            nxt = arch.forward([Segment(memory, nxt, Logits.ARGMAX)])[0]
         return time.perf_counter() - t
 
     prompt()  # warm-up: pipelines built, weights resident
     host = {
         "replayed": decode_step_host_s(arch, ops, tokens[:8], args.host_steps),
         "op_by_op": decode_step_host_s(arch, ops, tokens[:8], args.host_steps, replay=False),
+        "replayed_greedy": decode_step_host_s(arch, ops, tokens[:8], args.host_steps, greedy=True),
     }
     if args.host_only:
         return {

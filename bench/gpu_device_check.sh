@@ -36,7 +36,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.
 log "GPU tests"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_gpu_recurrent_kernels.py \
     tests/test_gpu_moe.py tests/test_gpu_features.py tests/test_gpu_models.py tests/test_gpu_hybrid_models.py \
-    tests/test_gpu_matrix.py tests/test_device_choice.py tests/test_gpu_fast_matmul.py tests/test_gpu_step_plans.py \
+    tests/test_gpu_matrix.py tests/test_device_choice.py tests/test_gpu_fast_matmul.py tests/test_gpu_step_plans.py tests/test_greedy_on_device.py \
     >"$OUT/tests.log" 2>&1
 tests_rc=$?
 log "GPU tests rc=$tests_rc: $(tail -n 1 "$OUT/tests.log")"

@@ -83,6 +83,8 @@ class FakeArch(Architecture):
                 out.append(np.stack(rows))
             elif s.logits is Logits.LAST:
                 out.append(rows[-1])
+            elif s.logits is Logits.ARGMAX:  # the greedy token alone, as a one-element int32 array
+                out.append(np.array([int(np.argmax(rows[-1]))], dtype=np.int32))
             else:
                 out.append(None)
         for s in segments:

@@ -200,14 +200,16 @@ class Turn:
 def generate(
     target: str,
     session: str,
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, Any]] | None = None,
     *,
     retry_unavailable: bool = False,
     **params: Any,
 ) -> Turn:
-    """One Generate call with the session header; retries UNAVAILABLE (as clients should) if asked."""
+    """One Generate call (messages, or `token_ids=` among the params) with the session header;
+    retries UNAVAILABLE (as clients should: a replica just killed may not be marked down yet)
+    if asked, until the hang guard."""
     request = build_generate_request(messages=messages, **params)
-    retries = 0
+    retries, deadline = 0, time.monotonic() + HANG_GUARD_S
     while True:
         with grpc.insecure_channel(target) as channel:
             call = pb_grpc.HyserveServiceStub(channel).Generate(
@@ -216,7 +218,8 @@ def generate(
             try:
                 events = [event_from_proto(m) for m in call]
             except grpc.RpcError as exc:
-                if retry_unavailable and exc.code() is grpc.StatusCode.UNAVAILABLE and retries < 100:
+                unavailable = exc.code() is grpc.StatusCode.UNAVAILABLE
+                if retry_unavailable and unavailable and time.monotonic() < deadline:
                     retries += 1
                     time.sleep(0.1)
                     continue

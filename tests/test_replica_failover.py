@@ -8,25 +8,21 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 import pytest
 from fixtures import make_models
-from loopback import REPLICA_HEADER, SESSION_HEADER, Balancer, Replica, wait_until
+from loopback import Balancer, Replica, Turn, generate, wait_until
 from redis_process import RedisServer, redis_server_binary, running_redis
 
 from hyserve.engine.generator import StopRule
 from hyserve.engine.generator import generate as generate_in_process
 from hyserve.engine.sampling import SamplingParams
 from hyserve.model.loader import LoadedModel, load_model
-from hyserve_client import Accepted, Delta, Finished, ReuseSource, StoreTier, build_generate_request
-from hyserve_client._gen import hyserve_pb2_grpc as pb_grpc
-from hyserve_client.types import event_from_proto
+from hyserve_client import ReuseSource, StoreTier
 
 GEN = 6
 HISTORY = 16_000  # tokens of the conversation before the replica dies
@@ -41,34 +37,9 @@ if missing:
     pytest.skip(f"{missing} not installed (bash .ci/install.sh --test installs them)", allow_module_level=True)
 
 
-@dataclass
-class Turn:
-    replica: str
-    accepted: Accepted
-    tokens: list[int]
-    finished: Finished
-
-
 def take_turn(target: str, session: str, prompt: list[int]) -> Turn:
-    """One Generate through the balancer; UNAVAILABLE (a dead replica not yet marked down) is retried."""
-    request = build_generate_request(token_ids=prompt, max_tokens=GEN, ignore_eos=True)
-    deadline = time.monotonic() + GUARD_S
-    while True:
-        with grpc.insecure_channel(target) as channel:
-            call = pb_grpc.HyserveServiceStub(channel).Generate(
-                request, metadata=((SESSION_HEADER, session),), timeout=GUARD_S
-            )
-            try:
-                events = [event_from_proto(m) for m in call]
-            except grpc.RpcError as exc:
-                if exc.code() is grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    continue
-                raise
-            replica = str(dict(call.initial_metadata()).get(REPLICA_HEADER, "?"))
-        accepted, finished = events[0], events[-1]
-        assert isinstance(accepted, Accepted) and isinstance(finished, Finished)
-        return Turn(replica, accepted, [t for e in events if isinstance(e, Delta) for t in e.token_ids], finished)
+    """One Generate through the balancer (a replica just killed may answer UNAVAILABLE: retried)."""
+    return generate(target, session, token_ids=prompt, max_tokens=GEN, ignore_eos=True, retry_unavailable=True)
 
 
 def metric(replica: Replica, name: str, tier: str) -> float:

@@ -69,6 +69,12 @@ static ELEMENTWISE: Kernel = Kernel {
         (4, Read),
     ],
 };
+static ARGMAX: Kernel = Kernel {
+    name: "argmax",
+    sources: &[include_str!("shaders/argmax.wgsl")],
+    entry: "main",
+    bindings: &[(0, Read), (1, ReadWrite), (2, Uniform)],
+};
 static COPY: Kernel = Kernel {
     name: "copy",
     sources: &[include_str!("shaders/copy.wgsl")],
@@ -360,6 +366,19 @@ pub fn copy(gpu: &Gpu, src: &GpuBuffer, ids: Option<&GpuBuffer>, dst: &GpuBuffer
         &COPY,
         &[],
         &[src.raw(), ids, dst.raw()],
+        bytes_of(&p),
+        [gx, gy, 1],
+    );
+}
+
+/// `dst[r]` = the first column of row r's largest value in `src` (`rows` x `cols`), as an f32.
+pub fn argmax_rows(gpu: &Gpu, src: &GpuBuffer, dst: &GpuBuffer, rows: usize, cols: usize) {
+    let (gx, gy) = groups_wrapped(rows);
+    let p = [rows as u32, cols as u32, gx, 0];
+    gpu.dispatch(
+        &ARGMAX,
+        &[],
+        &[src.raw(), dst.raw()],
         bytes_of(&p),
         [gx, gy, 1],
     );

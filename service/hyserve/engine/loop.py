@@ -58,7 +58,7 @@ from hyserve.engine.task import (
     FinishReason,
     Task,
 )
-from hyserve.engine.token_step import take_token
+from hyserve.engine.token_step import greedy_token_suffices, take_token
 from hyserve.model.architectures.base import Architecture, ForwardCancelled, Logits, Segment
 from hyserve.model.memory import SequenceMemory
 from hyserve.model.tokenizer import Tokenizer
@@ -326,7 +326,7 @@ class EngineLoop:
                     segments.append(verifying)
                     continue
                 tokens = np.array([run.next_token], dtype=np.int32)
-                want = Logits.LAST
+                want = Logits.ARGMAX if greedy_token_suffices(run) else Logits.LAST
             else:
                 end = run.pos + item.n_tokens
                 tokens = np.asarray(run.prompt[run.pos : end], dtype=np.int32)
@@ -371,14 +371,19 @@ class EngineLoop:
                     run.prompt_done_at = now
                 if run.schedule and run.schedule[0][0] == run.pos:  # committed: its state is complete (I3)
                     self._take_checkpoint(run, run.schedule.popleft()[1], logits)
+            # a row asked for and not returned would leave its task waiting for a token forever
+            require(
+                logits is not None or segment.logits is Logits.NONE, f"slot {slot.index}: no output from the forward"
+            )
             if logits is not None and not run.task.cancelled:  # a cancelled task samples nothing more
-                self._sample_or_fail(run, logits, now)
+                greedy = int(logits[0]) if segment.logits is Logits.ARGMAX else None
+                self._sample_or_fail(run, logits, now, greedy)
         if any(segment.inputs for segment in segments):
             self._enforce_log_budget()
 
-    def _sample_or_fail(self, run: Run, logits: np.ndarray, now: float) -> None:
+    def _sample_or_fail(self, run: Run, logits: np.ndarray, now: float, greedy: int | None = None) -> None:
         try:
-            token, decision = take_token(run, logits, now, self.tokenizer.is_eog)
+            token, decision = take_token(run, logits, now, self.tokenizer.is_eog, greedy)
             self._after_token(run, token, decision)
         except Exception as exc:
             self._sampling_error(run, exc)

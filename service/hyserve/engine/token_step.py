@@ -24,7 +24,14 @@ from hyserve.engine.slot import Run
 from hyserve.engine.stop import FinishReason, StopCheck, StopDecision
 from hyserve.engine.task import DeltaEvent, TokenLogprob
 
-__all__ = ["advance_grammar", "grammar_complete", "sample_allowed", "take_token", "token_logprobs"]
+__all__ = [
+    "advance_grammar",
+    "grammar_complete",
+    "greedy_token_suffices",
+    "sample_allowed",
+    "take_token",
+    "token_logprobs",
+]
 
 
 def sample_allowed(
@@ -85,13 +92,27 @@ def advance_grammar(
     return decision
 
 
-def take_token(run: Run, logits: np.ndarray, now: float, is_eog: Callable[[int], bool]) -> tuple[int, StopDecision]:
-    """Sample `run`'s next token from `logits` (left untouched), record it, send its Delta and
-    return it with the stop decision. Raises ConstraintViolation when the grammar cannot go on."""
+def greedy_token_suffices(run: Run) -> bool:
+    """Whether the first maximum of the raw logits is all `run` needs of its next row: greedy, no
+    penalties, no logprobs, no grammar (then the device returns the token, not the logits)."""
+    task, p = run.task, run.task.params
+    no_penalties = p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+    return p.greedy and no_penalties and not (task.logprobs or task.top_logprobs) and run.matcher is None
+
+
+def take_token(
+    run: Run, logits: np.ndarray, now: float, is_eog: Callable[[int], bool], greedy: int | None = None
+) -> tuple[int, StopDecision]:
+    """Sample `run`'s next token from `logits` (left untouched), or take `greedy` (the device's
+    argmax, where `greedy_token_suffices`), record it, send its Delta and return it with the
+    stop decision. Raises ConstraintViolation when the grammar cannot go on."""
     task, matcher = run.task, run.matcher
     logprob_entry: tuple[TokenLogprob, ...] = ()
-    token = sample_allowed(logits, run.history, task.params, run.rng, matcher)
-    if task.logprobs or task.top_logprobs:
+    if greedy is not None:
+        token = greedy
+    else:
+        token = sample_allowed(logits, run.history, task.params, run.rng, matcher)
+    if greedy is None and (task.logprobs or task.top_logprobs):
         lp, top = token_logprobs(logits, run.history, task.params, task.top_logprobs, matcher)
         logprob_entry = (TokenLogprob(token, float(lp[token]), top),)
     if matcher is not None:

@@ -278,6 +278,19 @@ impl GpuDevice {
         Ok(self.tensor_of(out, vec![n, cols]))
     }
 
+    /// The first column of each row's largest value (numpy's argmax), one f32 per row (exact:
+    /// rows are shorter than 2^24): the greedy tokens without reading the logits back.
+    fn argmax_rows(&self, x: PyRef<'_, GpuTensor>) -> PyResult<GpuTensor> {
+        self.check(&x, Dtype::F32, "argmax_rows' tensor")?;
+        let (rows, cols) = x.rows_cols();
+        if cols == 0 || cols >= 1 << 24 {
+            return Err(value_error(format!("argmax_rows: rows of {cols} values")));
+        }
+        let out = self.gpu.alloc((rows.max(1) * 4) as u64);
+        ops::argmax_rows(&self.gpu, &x.buf, &out, rows, cols);
+        Ok(self.tensor_of(out, vec![rows]))
+    }
+
     /// Columns start..start+width of every row of a 2-D tensor, as a new tensor.
     fn columns(&self, x: PyRef<'_, GpuTensor>, start: usize, width: usize) -> PyResult<GpuTensor> {
         let (rows, cols) = x.rows_cols();

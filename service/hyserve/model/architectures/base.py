@@ -29,6 +29,9 @@ class Logits(Enum):
     NONE = "none"
     LAST = "last"
     ALL = "all"
+    # the last position's greedy token only (the first maximum of its logits, as numpy's argmax):
+    # when every row of a call asks for it, the logits never leave the device
+    ARGMAX = "argmax"
 
 
 @dataclass
@@ -158,12 +161,21 @@ def logit_rows(segments: Sequence[Segment], spans: list[slice]) -> np.ndarray:
     for seg, span in zip(segments, spans):
         if seg.logits is Logits.ALL:
             rows.extend(range(span.start, span.stop))
-        elif seg.logits is Logits.LAST and span.stop > span.start:
+        elif seg.logits in (Logits.LAST, Logits.ARGMAX) and span.stop > span.start:
             rows.append(span.stop - 1)
     return np.asarray(rows, dtype=np.int64)
 
 
+def greedy_only(segments: Sequence[Segment]) -> bool:
+    """Every segment that asks for logits asks for its greedy token alone (and one does)."""
+    asking = [s.logits for s in segments if s.logits is not Logits.NONE and len(s.tokens)]
+    return bool(asking) and all(mode is Logits.ARGMAX for mode in asking)
+
+
 def split_logits(segments: Sequence[Segment], spans: list[slice], logits: np.ndarray) -> list[np.ndarray | None]:
+    """Each segment's part of the logit rows: all its rows, its last, or (ARGMAX) its greedy token
+    as a one-element int32 array; `logits` holds the rows, or one token id per row when every row
+    asked for its greedy token (the device's argmax)."""
     out: list[np.ndarray | None] = []
     at = 0
     for seg, span in zip(segments, spans):
@@ -173,6 +185,10 @@ def split_logits(segments: Sequence[Segment], spans: list[slice], logits: np.nda
             at += n
         elif seg.logits is Logits.LAST and n:
             out.append(logits[at])
+            at += 1
+        elif seg.logits is Logits.ARGMAX and n:
+            row = logits[at]
+            out.append(np.array([int(row) if row.ndim == 0 else int(np.argmax(row))], dtype=np.int32))
             at += 1
         else:
             out.append(None)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hyserve.model.architectures.base import Segment, logit_rows, split_logits
+from hyserve.model.architectures.base import Segment, greedy_only, logit_rows, split_logits
 from hyserve.model.backend.base import AttentionSpan, Backend, Matrix, Tensor
 from hyserve.model.backend.cpu import CPU
 from hyserve.model.memory import RecurrentState, SequenceMemory, WindowCache, as_f16
@@ -78,6 +78,8 @@ def output_logits(
     logits = ops.matmul(output, ops.rms_norm(ops.take_rows(h, wanted), norm, eps))
     if softcap:
         logits = ops.softcap(logits, softcap)
+    if greedy_only(segments):  # one number per row comes back instead of the vocabulary's logits
+        return split_logits(segments, spans, read_back(ops, segments, ops.argmax_rows(logits)))
     return split_logits(segments, spans, read_back(ops, segments, logits))
 
 

@@ -32,16 +32,18 @@ from hyserve.model.memory import SequenceMemory
 CAPTURE_AT = 2  # the time a key is seen when its step is captured (a batch seen once may not recur)
 MAX_PLANS = 32  # plans kept per architecture, least recently used dropped first
 
-StepKey = tuple[tuple[int, bool], ...]
+StepKey = tuple[tuple[int, bool, Logits], ...]
+_DECODE_OUTPUTS = (Logits.LAST, Logits.ARGMAX)
 
 
 def step_key(segments: Sequence[Segment]) -> StepKey | None:
-    """The key of a decode step (every segment one token with its logits, each memory once), or
-    None for any other call (prompt chunks, speculative verification: recorded op by op)."""
-    if not segments or any(len(s.tokens) != 1 or s.logits is not Logits.LAST for s in segments):
+    """The key of a decode step (every segment one token with its logits or its greedy token,
+    each memory once), or None for any other call (prompt chunks, speculative verification:
+    recorded op by op)."""
+    if not segments or any(len(s.tokens) != 1 or s.logits not in _DECODE_OUTPUTS for s in segments):
         return None
-    key = tuple((id(s.memory), s.inputs is not None) for s in segments)
-    return key if len({m for m, _ in key}) == len(key) else None
+    key = tuple((id(s.memory), s.inputs is not None, s.logits) for s in segments)
+    return key if len({m for m, _, _ in key}) == len(key) else None
 
 
 def bound_buffers(memory: SequenceMemory) -> list[tuple[Any, Any, Any]]:

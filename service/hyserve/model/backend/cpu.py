@@ -79,6 +79,9 @@ class CpuBackend(CpuRecurrentOps):
     def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x[rows])
 
+    def argmax_rows(self, x: np.ndarray) -> np.ndarray:
+        return np.argmax(x, axis=-1).astype(np.float32)
+
     def attention(
         self,
         spans: Sequence[AttentionSpan],

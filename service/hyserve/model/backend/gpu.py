@@ -151,6 +151,9 @@ class GpuBackend(GpuRecurrentOps):
     def take_rows(self, x: hk.GpuTensor, rows: np.ndarray) -> hk.GpuTensor:
         return self.device.take_rows(x, self.ids(rows))
 
+    def argmax_rows(self, x: hk.GpuTensor) -> hk.GpuTensor:
+        return self.device.argmax_rows(x)
+
     def attention(
         self,
         spans: Sequence[AttentionSpan],
