@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import structlog
 from hyserve.engine.cache_plan import CachedView, CheckpointView, StoreCandidate, same_view, subsumes
 from hyserve.engine.prefix_store import StoredSequence
 from hyserve.engine.store_tiers.format import EntryFormatError, decode_entry, encode_entry, read_header
+from hyserve.engine.store_tiers.writer import BackgroundWriter
 
 __all__ = ["DiskTier", "header_view"]
 
@@ -79,10 +79,8 @@ class DiskTier:
         self._lock = threading.Lock()
         self._index: dict[str, _Indexed] = {}  # file name -> entry
         self._keys: dict[int, tuple[str, CachedView]] = {}  # candidate key -> (file name, the view offered)
-        self._queue: queue.Queue[StoredSequence | None] = queue.Queue()
         self._scan()
-        self._thread = threading.Thread(target=self._writer, name="hyserve-disk-tier", daemon=True)
-        self._thread.start()
+        self._writer = BackgroundWriter("hyserve-disk-tier", self.write, self._write_failed)
 
     # -- index ---------------------------------------------------------------------------------
 
@@ -162,29 +160,18 @@ class DiskTier:
 
     def put(self, entry: StoredSequence) -> None:
         """Queue an entry to be written (its arrays are immutable copies: safe to read later)."""
-        self._queue.put(entry)
+        self._writer.put(entry)
 
     def flush(self) -> None:
         """Wait until every queued entry is written."""
-        self._queue.join()
+        self._writer.flush()
 
     def close(self) -> None:
-        self.flush()
-        self._queue.put(None)
-        self._thread.join()
+        self._writer.close()
 
-    def _writer(self) -> None:
-        while True:
-            entry = self._queue.get()
-            try:
-                if entry is None:
-                    return
-                self.write(entry)
-            except Exception:  # a full disk or a bug: the entry stays in memory only
-                self._count_tier("disk", errors=1)
-                log.exception("disk_cache_write_failed")
-            finally:
-                self._queue.task_done()
+    def _write_failed(self, exc: Exception) -> None:  # a full disk or a bug: the entry stays in memory only
+        self._count_tier("disk", errors=1)
+        log.exception("disk_cache_write_failed")
 
     def write(self, entry: StoredSequence) -> bool:
         """Write one entry now (crash-safe), then keep the directory within its budget."""

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import queue
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -41,6 +39,7 @@ from hyserve.engine.cache_plan import CachedView, StoreCandidate, same_view
 from hyserve.engine.prefix_store import StoredSequence
 from hyserve.engine.store_tiers.disk import header_view
 from hyserve.engine.store_tiers.format import EntryFormatError, decode_entry, encode_entry, read_header
+from hyserve.engine.store_tiers.writer import BackgroundWriter
 
 __all__ = ["BLOCK", "SHARED_KEY_BASE", "SharedTier", "SharedTierConfig", "block_hashes"]
 
@@ -123,9 +122,9 @@ class SharedTier:
         self._skip_until = 0.0
         # what was written lately: a slot stashed right after its task finished is not sent twice
         self._recent: deque[tuple[object, ...]] = deque(maxlen=16)
-        self._queue: queue.Queue[StoredSequence | None] = queue.Queue(maxsize=max(1, config.queue_entries))
-        self._thread = threading.Thread(target=self._writer, name="hyserve-shared-tier", daemon=True)
-        self._thread.start()
+        self._writer = BackgroundWriter(
+            "hyserve-shared-tier", self.write, self._write_failed, max_queued=max(1, config.queue_entries)
+        )
         log.info("shared_cache_configured", url=_redacted(config.url), ttl_s=config.ttl_s, namespace=self.ns)
 
     # -- failures ------------------------------------------------------------------------------
@@ -227,35 +226,23 @@ class SharedTier:
         counted, when the writer is behind."""
         if len(entry.tokens) < self.block or not self._available() or _signature(entry) in self._recent:
             return
-        try:
-            self._queue.put_nowait(entry)
-        except queue.Full:
+        if not self._writer.put(entry):
             self._count("shared", dropped=1)
 
     def flush(self) -> None:
-        self._queue.join()
+        self._writer.flush()
 
     def close(self) -> None:
-        self.flush()
-        self._queue.put(None)
-        self._thread.join()
+        self._writer.close()
         self._client.close()
         self._writer_client.close()
 
-    def _writer(self) -> None:
-        while True:
-            entry = self._queue.get()
-            try:
-                if entry is None:
-                    return
-                self.write(entry)
-            except redis.RedisError as exc:  # down, slow, full (OOM): the entry stays local
-                self._failed("write", exc)
-            except Exception:  # a bug: logged with its traceback, the engine goes on
-                self._count("shared", errors=1)
-                log.exception("shared_cache_write_failed")
-            finally:
-                self._queue.task_done()
+    def _write_failed(self, exc: Exception) -> None:
+        if isinstance(exc, redis.RedisError):  # down, slow, full (OOM): the entry stays local
+            self._failed("write", exc)
+        else:  # a bug: logged with its traceback, the engine goes on
+            self._count("shared", errors=1)
+            log.exception("shared_cache_write_failed")
 
     def write(self, entry: StoredSequence) -> int:
         """Write one entry now (chunks, header, index keys in one transaction); its size."""
