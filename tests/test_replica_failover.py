@@ -119,4 +119,5 @@ def test_a_killed_replica_s_long_conversation_resumes_on_the_other_from_redis(cl
     assert third.finished.usage.processed_prompt_tokens == len(follow_up) - held  # only the new tokens
     assert third.tokens == cluster.reference(follow_up)
     assert metric(survivor, "hyserve_store_tier_hits_total", "shared") == 1
+    assert metric(survivor, "hyserve_store_tier_read_seconds_total", "shared") > 0
     assert metric(survivor, "hyserve_store_tier_errors_total", "shared") == 0

@@ -139,6 +139,7 @@ def test_another_engine_resumes_from_the_shared_tier_bit_for_bit(
         assert got.tokens == reference(model_path, follow_up, 5)
         counts = shared(reader)
         assert counts.hits == 1 and counts.errors == 0 and counts.bytes_read > 0
+        assert counts.read_seconds > 0  # the lookup, the load and the restore were timed
     finally:
         reader.shutdown()
     client = store.client()

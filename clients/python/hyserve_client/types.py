@@ -382,6 +382,7 @@ class TierCounters:
     bytes_written: int = 0
     errors: int = 0
     dropped: int = 0
+    read_seconds: float = 0.0
 
     @classmethod
     def from_proto(cls, m: pb.TierCounters) -> TierCounters:
@@ -394,6 +395,7 @@ class TierCounters:
             bytes_written=m.bytes_written,
             errors=m.errors,
             dropped=m.dropped,
+            read_seconds=m.read_seconds,
         )
 
 

@@ -159,6 +159,7 @@ class StatsCollector(Collector):
             ("bytes_written", "Bytes written to this tier."),
             ("errors", "Tier failures (unreachable, timed out, full, rejected entries); no request fails."),
             ("dropped", "Entries not written because the tier's writer was behind."),
+            ("read_seconds", "Seconds spent reading this tier: lookups, loads and restores into slots."),
         ):
             family = CounterMetricFamily(f"{PREFIX}_store_tier_{what}", doc, labels=["tier"])
             for tier, counts in c.tiers.items():

@@ -41,7 +41,7 @@ class Shared:
             for name, n in deltas.items():
                 setattr(self.counters, name, getattr(self.counters, name) + n)
 
-    def count_tier(self, tier: str, **deltas: int) -> None:
+    def count_tier(self, tier: str, **deltas: float) -> None:
         with self.lock:
             counters = self.counters.tiers[tier]
             for name, n in deltas.items():

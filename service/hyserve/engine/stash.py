@@ -9,6 +9,7 @@ keys < 0 (`DiskTier`), shared entries keys <= SHARED_KEY_BASE."""
 
 from __future__ import annotations
 
+import time
 from importlib import metadata
 
 import numpy as np
@@ -82,7 +83,11 @@ class StateStash:
             return
         local = [s.tokens for s in slots] + [c.view.tokens for c in self._local_candidates()]
         block = self.shared_tier.block
-        self.shared_tier.lookup([p for p in prompts if _best_prefix(p, local) < len(p) // block * block])
+        asked = [p for p in prompts if _best_prefix(p, local) < len(p) // block * block]
+        if asked:
+            start = time.perf_counter()
+            self.shared_tier.lookup(asked)
+            self.shared.count_tier("shared", read_seconds=time.perf_counter() - start)
 
     def _local_candidates(self) -> list[StoreCandidate]:
         # host entries first: on a tie the plan keeps the earlier candidate
@@ -98,10 +103,13 @@ class StateStash:
         unreadable, already logged and counted)."""
         if key >= 0:
             return self.store.get(key)
-        tier = self.disk if tier_of(key) == "disk" else self.shared_tier
+        name = tier_of(key)
+        tier = self.disk if name == "disk" else self.shared_tier
         if tier is None:
             return None
+        start = time.perf_counter()
         entry = tier.load(key)
+        self.shared.count_tier(name, read_seconds=time.perf_counter() - start)
         if entry is not None:
             entry.key = key
         return entry
@@ -126,6 +134,7 @@ class StateStash:
     def load(self, slot: Slot, entry: StoredSequence, plan: ResumePlan) -> np.ndarray | None:
         """Put `entry` into the slot up to the plan's resume point; the logits to sample from when
         the plan resumes at the prompt end."""
+        start = time.perf_counter()
         cp = entry.checkpoints.get(plan.restore) if plan.restore is not None else None
         dropped = slot.checkpoints.clear()
         if plan.replay_from is None:
@@ -138,6 +147,7 @@ class StateStash:
         self.served_by[slot.index] = tier
         if tier == "memory":
             self.shared.count_tier("memory", hits=1, bytes_read=entry.nbytes)
+        self.shared.count_tier(tier, read_seconds=time.perf_counter() - start)  # the restore into the slot
         return cp.logits if cp is not None and plan.from_logits else None
 
     def tier_served(self, slot: int, source: ReuseSource) -> str:

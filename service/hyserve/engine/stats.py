@@ -66,6 +66,7 @@ class TierCounters:
     bytes_written: int = 0
     errors: int = 0  # failures: unreachable, timed out, full, rejected (corrupt, foreign) entries
     dropped: int = 0  # entries not written because the writer was behind
+    read_seconds: float = 0.0  # engine time spent reading it: lookups, loads, restores into slots
 
 
 @dataclass

@@ -3132,7 +3132,10 @@ type TierCounters struct {
 	// entries rejected as corrupt or written for another model or build.
 	Errors uint64 `protobuf:"varint,7,opt,name=errors,proto3" json:"errors,omitempty"`
 	// Entries not written because the tier's writer was behind.
-	Dropped       uint64 `protobuf:"varint,8,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	Dropped uint64 `protobuf:"varint,8,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// Seconds the engine spent reading this tier: index lookups, reading and checking entries, and
+	// restoring them into slots (the time a resume from this tier cost before its first token).
+	ReadSeconds   float64 `protobuf:"fixed64,9,opt,name=read_seconds,json=readSeconds,proto3" json:"read_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3219,6 +3222,13 @@ func (x *TierCounters) GetErrors() uint64 {
 func (x *TierCounters) GetDropped() uint64 {
 	if x != nil {
 		return x.Dropped
+	}
+	return 0
+}
+
+func (x *TierCounters) GetReadSeconds() float64 {
+	if x != nil {
+		return x.ReadSeconds
 	}
 	return 0
 }
@@ -3663,7 +3673,7 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1aL\n" +
 	"\x1eReprocessedTokensByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xf3\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x96\x02\n" +
 	"\fTierCounters\x12)\n" +
 	"\x04tier\x18\x01 \x01(\x0e2\x15.hyserve.v1.StoreTierR\x04tier\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x04R\x04hits\x12\x16\n" +
@@ -3673,7 +3683,8 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"bytes_read\x18\x05 \x01(\x04R\tbytesRead\x12#\n" +
 	"\rbytes_written\x18\x06 \x01(\x04R\fbytesWritten\x12\x16\n" +
 	"\x06errors\x18\a \x01(\x04R\x06errors\x12\x18\n" +
-	"\adropped\x18\b \x01(\x04R\adropped\"\x12\n" +
+	"\adropped\x18\b \x01(\x04R\adropped\x12!\n" +
+	"\fread_seconds\x18\t \x01(\x01R\vreadSeconds\"\x12\n" +
 	"\x10ModelInfoRequest\"\xc2\x04\n" +
 	"\x11ModelInfoResponse\x12\x1d\n" +
 	"\n" +
