@@ -109,6 +109,28 @@ def test_rms_norm_over_rows_and_heads(gpu_device) -> None:
         assert_norm_bits(gpu_device, gpu, cpu)
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_residual_add_and_its_norm_in_one_pass(gpu_device, gpu_fast_device, fast: bool) -> None:
+    """`add_rms_norm`: h += a written back, and the norm of the new h, as `add` then `rms_norm`
+    give them on the same device, bit for bit, in both numerics; the exact mode equals the CPU."""
+    dev = gpu_fast_device if fast else gpu_device
+    rng = np.random.default_rng(21)
+    h, a = rng.standard_normal((2, 7, 200)).astype(np.float32)
+    w = rng.standard_normal(200).astype(np.float32)
+    fused_h, apart_h = dev.tensor(h), dev.tensor(h)
+    fused = dev.to_host(dev.add_rms_norm(fused_h, dev.tensor(a), dev.tensor(w), 1e-6))
+    dev.add(apart_h, dev.tensor(a))
+    apart = dev.to_host(dev.rms_norm(apart_h, dev.tensor(w), 1e-6))
+    np.testing.assert_array_equal(dev.to_host(fused_h), dev.to_host(apart_h))
+    np.testing.assert_array_equal(fused, apart)
+    if not fast:
+        assert_norm_bits(dev, fused, hk.rms_norm(h + a, w, 1e-6))
+    with pytest.raises(ValueError, match="same tensor"):
+        dev.add_rms_norm(fused_h, fused_h, dev.tensor(w), 1e-6)
+    with pytest.raises(ValueError, match="add_rms_norm"):
+        dev.add_rms_norm(fused_h, dev.tensor(a[:3]), dev.tensor(w), 1e-6)
+
+
 def assert_norm_bits(dev, gpu: np.ndarray, cpu: np.ndarray) -> None:
     """The norm's sum, 1/sqrt and products round as the CPU's on every adapter (math.wgsl's
     div_rn/sqrt_rn: hardware `/` and `sqrt` may be ulps off); only a subnormal result may be

@@ -76,6 +76,67 @@ def test_gated_delta_rule_matches_the_cpu(gpu, nk: int, nv: int, dk: int, dv: in
     np.testing.assert_array_equal(gpu.to_host(gpu.gated_delta_rule(*t, again, nk, nv, grouped)), whole)
 
 
+@pytest.mark.parametrize(("nk", "nv", "dk", "dv", "grouped"), [(2, 4, 40, 24, False), (2, 6, 16, 16, True)])
+@pytest.mark.parametrize("l2_eps", [None, 1e-6])
+def test_the_packed_delta_rule_gives_the_bits_of_its_columns_apart(
+    gpu, nk: int, nv: int, dk: int, dv: int, grouped: bool, l2_eps: float | None
+) -> None:
+    """A delta-net layer's convolution output u = [q | k | v] goes to the rule whole (the device
+    reads q, k and v from u, normalising q and k straight out of it): the same bits as the three
+    columns copied apart, on each backend."""
+    n = 5
+    u = rand(n, 2 * nk * dk + nv * dv)
+    if l2_eps is None:  # the rule's inputs must be normalised then
+        u[:, : 2 * nk * dk] = l2_rows(u[:, : 2 * nk * dk], dk)
+    g, beta = CPU.gdn_gates(rand(n, nv), rand(n, nv), rand(nv), -np.exp(rand(nv, scale=0.5)))
+    st = rand(nv, dv, dk, scale=0.1)
+    q, k, v = (np.ascontiguousarray(c) for c in np.split(u, [nk * dk, 2 * nk * dk], axis=1))
+    cpu_new, cpu_apart_new = np.empty_like(st), np.empty_like(st)
+    cpu = CPU.gated_delta_rule_packed(u, g, beta, st, cpu_new, nk, nv, grouped, l2_eps)
+    cpu_apart = CPU.gated_delta_rule(q, k, v, g, beta, st, cpu_apart_new, nk, nv, grouped, l2_eps)
+    np.testing.assert_array_equal(cpu, cpu_apart)
+    np.testing.assert_array_equal(cpu_new, cpu_apart_new)
+    tu, tg, tb, ts = (gpu.vector(a) for a in (u, g, beta, st))
+    new, apart_new = gpu.empty(st.shape), gpu.empty(st.shape)
+    out = gpu.gated_delta_rule_packed(tu, tg, tb, ts, new, nk, nv, grouped, l2_eps)
+    columns = (gpu.columns(tu, 0, nk * dk), gpu.columns(tu, nk * dk, nk * dk), gpu.columns(tu, 2 * nk * dk, nv * dv))
+    apart = gpu.gated_delta_rule(*columns, tg, tb, ts, apart_new, nk, nv, grouped, l2_eps)
+    np.testing.assert_array_equal(gpu.to_host(out), gpu.to_host(apart))
+    np.testing.assert_array_equal(gpu.to_host(new), gpu.to_host(apart_new))
+    close(gpu.to_host(out), cpu)
+    close(gpu.to_host(new), cpu_new)
+
+
+def test_a_norm_of_leading_columns_reads_them_in_place(gpu) -> None:
+    """`rms_norm(..., width=)` normalises the first columns of each row in groups, as a norm of
+    those columns copied out would, and refuses widths the rows cannot hold."""
+    x, w = rand(4, 3 * 8 + 5), rand(8)
+    tx, tw = gpu.vector(x), gpu.vector(w)
+    got = gpu.device.rms_norm(tx, tw, 1e-5, 8, 24)
+    assert tuple(got.shape) == (4, 24)
+    want = gpu.device.rms_norm(gpu.columns(tx, 0, 24), tw, 1e-5, 8)
+    np.testing.assert_array_equal(gpu.to_host(got), gpu.to_host(want))
+    for width in (0, 20, 40):
+        with pytest.raises(ValueError, match="columns"):
+            gpu.device.rms_norm(tx, tw, 1e-5, 8, width)
+    with pytest.raises(ValueError, match="weight"):
+        gpu.device.rms_norm(tx, gpu.vector(rand(7)), 1e-5, 8, 24)
+
+
+def test_mul_silu_gives_the_bits_of_a_silu_then_a_product(gpu) -> None:
+    dst, gate = rand(3, 37, scale=4), rand(3, 37, scale=4)
+    t = gpu.vector(dst)
+    gpu.mul_silu_(t, gpu.vector(gate))
+    apart = gpu.vector(dst)
+    gpu.mul_(apart, gpu.silu(gpu.vector(gate)))
+    np.testing.assert_array_equal(gpu.to_host(t), gpu.to_host(apart))
+    ref, ref_apart = dst.copy(), dst.copy()
+    CPU.mul_silu_(ref, gate)
+    CPU.mul_(ref_apart, CPU.silu(gate))
+    np.testing.assert_array_equal(ref, ref_apart)
+    close(gpu.to_host(t), ref, 1e-6)
+
+
 @pytest.mark.parametrize(("nh", "hd", "ng", "ns"), [(6, 5, 2, 40), (4, 16, 1, 16), (3, 7, 3, 33)])
 def test_mamba2_scan_matches_the_cpu(gpu, nh: int, hd: int, ng: int, ns: int) -> None:
     n = 6

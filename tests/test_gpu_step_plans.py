@@ -147,3 +147,16 @@ def test_memories_a_replay_advances_stay_exact(arch: Architecture) -> None:
 
     for a, b in zip(run(False), run(True), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_captured_step_copies_only_the_new_recurrent_states(arch: Architecture) -> None:
+    """Everything else a decode step moves is a compute dispatch (a copy ends the compute pass):
+    each recurrent layer's new conv and SSM states are copied into the memory's own buffers,
+    and the Mamba2 scan gathers its per-head constants (A, D, dt bias) into one binding."""
+    memory = arch.new_memory(64)
+    arch.forward([Segment(memory, np.asarray(PROMPT, np.int32), Logits.NONE)])
+    for token in (1, 2):  # the second is captured
+        arch.forward([Segment(memory, np.asarray([token], np.int32), Logits.ARGMAX, {})])
+    plan = arch.step_plans.last_plan
+    per_layer = 5 if type(arch).__name__.lower().startswith("mamba2") else 2
+    assert plan is not None and plan.copies == per_layer * len(memory.recurrent)

@@ -44,11 +44,24 @@ static GET_ROWS: Kernel = Kernel {
     entry: "main",
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
 };
+const NORM: &str = include_str!("shaders/norm.wgsl");
 static RMS_NORM: Kernel = Kernel {
     name: "rms_norm",
-    sources: &[MATH, include_str!("shaders/norm.wgsl")],
+    sources: &[MATH, include_str!("shaders/norm_io.wgsl"), NORM],
     entry: "main",
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
+};
+static ADD_RMS_NORM: Kernel = Kernel {
+    name: "add_rms_norm",
+    sources: &[MATH, include_str!("shaders/norm_add_io.wgsl"), NORM],
+    entry: "main",
+    bindings: &[
+        (0, ReadWrite),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (4, Read),
+    ],
 };
 pub(crate) const MATH: &str = include_str!("shaders/math.wgsl");
 static ROPE: Kernel = Kernel {
@@ -227,35 +240,54 @@ pub fn get_rows(gpu: &Gpu, w: &GpuWeight, ids: &GpuBuffer, n: usize) -> GpuBuffe
     out
 }
 
-/// RMSNorm of `rows` rows of `n` elements, times `weight` (length n) when given.
+/// The rows an RMSNorm normalises: `rows` rows of `n` values, `per_row` of them side by side at
+/// the start of each input row of `x_stride` values (contiguous rows: 1 and `n`).
+pub struct NormRows {
+    pub rows: usize,
+    pub n: usize,
+    pub per_row: usize,
+    pub x_stride: usize,
+}
+
+/// RMSNorm of `rows` rows of `n` elements, times `weight` (length n) when given; with `add`,
+/// of x + add, which is written to x first (a residual stream and the norm after it, one pass).
 pub fn rms_norm(
     gpu: &Gpu,
     x: &GpuBuffer,
-    rows: usize,
-    n: usize,
+    add: Option<&GpuBuffer>,
+    rows: NormRows,
     weight: Option<&GpuBuffer>,
     eps: f32,
 ) -> GpuBuffer {
-    let out = gpu.alloc((rows * n * 4) as u64);
-    let (gx, gy) = groups_wrapped(rows);
+    let out = gpu.alloc((rows.rows * rows.n * 4) as u64);
+    let (gx, gy) = groups_wrapped(rows.rows);
     let p = params8([
-        n as u32,
-        rows as u32,
+        rows.n as u32,
+        rows.rows as u32,
         eps.to_bits(),
         u32::from(weight.is_some()),
         gx,
-        0,
-        0,
+        rows.per_row as u32,
+        rows.x_stride as u32,
         0,
     ]);
     let w = weight.map_or(&gpu.dummy, GpuBuffer::raw);
-    gpu.dispatch(
-        &RMS_NORM,
-        &[],
-        &[x.raw(), w, out.raw()],
-        bytes_of(&p),
-        [gx, gy, 1],
-    );
+    match add {
+        None => gpu.dispatch(
+            &RMS_NORM,
+            &[],
+            &[x.raw(), w, out.raw()],
+            bytes_of(&p),
+            [gx, gy, 1],
+        ),
+        Some(a) => gpu.dispatch(
+            &ADD_RMS_NORM,
+            &[],
+            &[x.raw(), w, out.raw(), a.raw()],
+            bytes_of(&p),
+            [gx, gy, 1],
+        ),
+    }
     out
 }
 
@@ -302,6 +334,7 @@ pub enum Elementwise {
     Swiglu = 5,
     Softcap = 6,
     Silu = 7,
+    MulSilu = 8,
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -35,7 +35,7 @@ static CONV_STATE: Kernel = Kernel {
     entry: "state",
     bindings: CONV_BINDINGS,
 };
-/// The two state scans' bindings: six inputs, the output and the new state, the sizes.
+/// The Mamba2 scan's bindings: six inputs, the output and the new state, the sizes.
 const SCAN_BINDINGS: &[(u32, Access)] = &[
     (0, Read),
     (1, Read),
@@ -47,11 +47,21 @@ const SCAN_BINDINGS: &[(u32, Access)] = &[
     (7, ReadWrite),
     (8, Uniform),
 ];
+const DELTA_RULE_BINDINGS: &[(u32, Access)] = &[
+    (0, Read),
+    (1, Read),
+    (2, Read),
+    (3, Read),
+    (4, Read),
+    (5, ReadWrite),
+    (6, ReadWrite),
+    (7, Uniform),
+];
 static DELTA_RULE: Kernel = Kernel {
     name: "delta_rule",
     sources: &[MATH, include_str!("shaders/delta_rule.wgsl")],
     entry: "main",
-    bindings: SCAN_BINDINGS,
+    bindings: DELTA_RULE_BINDINGS,
 };
 static MAMBA2_SCAN: Kernel = Kernel {
     name: "mamba2_scan",
@@ -183,13 +193,20 @@ pub struct DeltaRule {
     pub grouped: bool,
 }
 
-/// The gated delta rule over `n` tokens; returns n × nv × dv, writes the new state to `state_out`.
+/// Where the gated delta rule reads v: `stride` values per token row, v at `offset` in it.
+pub struct VColumns {
+    pub stride: usize,
+    pub offset: usize,
+}
+
+/// The gated delta rule over `n` tokens; `qk` holds each token's q then k heads (n × 2·nk·dk),
+/// `v` its v heads at `v_at`. Returns n × nv × dv, writes the new state to `state_out`.
 #[allow(clippy::too_many_arguments)]
 pub fn delta_rule(
     gpu: &Gpu,
-    q: &GpuBuffer,
-    k: &GpuBuffer,
+    qk: &GpuBuffer,
     v: &GpuBuffer,
+    v_at: &VColumns,
     g: &GpuBuffer,
     beta: &GpuBuffer,
     state_in: &GpuBuffer,
@@ -208,10 +225,13 @@ pub fn delta_rule(
         u32::from(s.grouped),
         scale.to_bits(),
         gx,
+        v_at.stride as u32,
+        v_at.offset as u32,
+        0,
+        0,
     ];
     let buffers = [
-        q.raw(),
-        k.raw(),
+        qk.raw(),
         v.raw(),
         g.raw(),
         beta.raw(),

@@ -16,17 +16,20 @@ struct Params {
     grouped: u32, // v head h uses k head h / (nv/nk) (qwen3next), else h % nk (qwen35)
     scale: f32,   // 1 / sqrt(dk)
     groups_x: u32,
+    v_stride: u32, // values per row of the v input
+    v_offset: u32, // where v starts in its row (a delta-net layer's convolution output holds q|k|v)
+    _a: u32,
+    _b: u32,
 }
 
-@group(0) @binding(0) var<storage, read> q: array<f32>;    // n x nk x dk
-@group(0) @binding(1) var<storage, read> k: array<f32>;    // n x nk x dk
-@group(0) @binding(2) var<storage, read> v: array<f32>;    // n x nv x dv
-@group(0) @binding(3) var<storage, read> g: array<f32>;    // n x nv (log decay)
-@group(0) @binding(4) var<storage, read> beta: array<f32>; // n x nv
-@group(0) @binding(5) var<storage, read> state_in: array<f32>;            // nv x dv x dk
-@group(0) @binding(6) var<storage, read_write> state_out: array<f32>;     // nv x dv x dk
-@group(0) @binding(7) var<storage, read_write> out: array<f32>;           // n x nv x dv
-@group(0) @binding(8) var<uniform> p: Params;
+@group(0) @binding(0) var<storage, read> qk: array<f32>;   // n x [q: nk x dk | k: nk x dk]
+@group(0) @binding(1) var<storage, read> v: array<f32>;    // n x v_stride, v at v_offset: nv x dv
+@group(0) @binding(2) var<storage, read> g: array<f32>;    // n x nv (log decay)
+@group(0) @binding(3) var<storage, read> beta: array<f32>; // n x nv
+@group(0) @binding(4) var<storage, read> state_in: array<f32>;            // nv x dv x dk
+@group(0) @binding(5) var<storage, read_write> state_out: array<f32>;     // nv x dv x dk
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;           // n x nv x dv
+@group(0) @binding(7) var<uniform> p: Params;
 
 // where the CPU switches from rounded products to fused multiply-adds for a tail of n terms
 fn fused_from(n: u32) -> u32 {
@@ -42,8 +45,8 @@ fn reduce32(l: ptr<function, array<f32, 32>>) -> f32 {
     return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
-// sum_i state_out[row + i] * vec[at + i], i < dk, in the CPU's order; `which` 0: k, 1: q
-fn dot_row(row: u32, at: u32, which: u32) -> f32 {
+// sum_i state_out[row + i] * qk[at + i], i < dk, in the CPU's order (`at`: the token's q or k head)
+fn dot_row(row: u32, at: u32) -> f32 {
     let n = p.dk;
     let np = n & ~31u;
     var lanes: array<f32, 32>;
@@ -51,13 +54,13 @@ fn dot_row(row: u32, at: u32, which: u32) -> f32 {
         lanes[l] = 0.0;
     }
     for (var i = 0u; i < np; i++) {
-        let y = select(k[at + i], q[at + i], which == 1u);
+        let y = qk[at + i];
         lanes[i % 32u] = fma(state_out[row + i], y, lanes[i % 32u]);
     }
     var sum = reduce32(&lanes);
     let split = np + fused_from(n - np);
     for (var i = np; i < n; i++) {
-        let y = select(k[at + i], q[at + i], which == 1u);
+        let y = qk[at + i];
         if i < split {
             sum = sum + mul_soft(state_out[row + i], y);  // rounded, as the CPU's (never fused)
         } else {
@@ -84,16 +87,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         state_out[row + i] = state_in[row + i];
     }
     for (var t = 0u; t < p.n; t++) {
-        let at = (t * p.nk + hk) * p.dk;
+        let at_q = (2u * t * p.nk + hk) * p.dk;
+        let at_k = at_q + p.nk * p.dk;
         let decay = exp(g[t * p.nv + h]);
         for (var i = 0u; i < p.dk; i++) {
             state_out[row + i] = state_out[row + i] * decay;
         }
-        let sk = dot_row(row, at, 0u);
-        let delta = (v[(t * p.nv + h) * p.dv + j] - sk) * beta[t * p.nv + h];
+        let sk = dot_row(row, at_k);
+        let delta = (v[t * p.v_stride + p.v_offset + h * p.dv + j] - sk) * beta[t * p.nv + h];
         for (var i = 0u; i < p.dk; i++) {
-            state_out[row + i] = fma(k[at + i], delta, state_out[row + i]);
+            state_out[row + i] = fma(qk[at_k + i], delta, state_out[row + i]);
         }
-        out[(t * p.nv + h) * p.dv + j] = dot_row(row, at, 1u) * p.scale;
+        out[(t * p.nv + h) * p.dv + j] = dot_row(row, at_q) * p.scale;
     }
 }

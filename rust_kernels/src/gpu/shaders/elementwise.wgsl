@@ -2,6 +2,7 @@
 //   0 dst += a        1 dst *= a        2 dst *= s          3 dst[i] += a[i % m] (a row vector)
 //   4 dst = gelu(a) * b (GEGLU)        5 dst = silu(a) * b (SwiGLU)
 //   6 dst = s * tanh(dst / s) (soft cap)                    7 dst = silu(dst)
+//   8 dst = silu(a) * dst (a gated output; the bits of dst *= silu(a), without silu(a)'s copy)
 // Needs math.wgsl.
 
 override OP: u32 = 0u;
@@ -51,6 +52,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         case 5u: { dst[i] = silu(a[i]) * b[i]; }
         case 6u: { dst[i] = p.s * tanh(div_rn(dst[i], p.s)); }
         case 7u: { dst[i] = silu(dst[i]); }
+        case 8u: { dst[i] = silu(a[i]) * dst[i]; }
         default: {}
     }
 }

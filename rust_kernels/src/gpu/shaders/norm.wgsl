@@ -1,5 +1,9 @@
 // RMSNorm of each row of n elements, times a weight of length n (or not):
-// y = x * (1 / sqrt(mean(x^2) + eps)) * w. One workgroup per row.
+// y = x * (1 / sqrt(mean(x^2) + eps)) * w. One workgroup per row. The rows may be groups of n
+// columns at the start of wider input rows (`per_row` groups in each x row of `x_stride` values,
+// as the q and k heads at the start of a delta-net layer's convolution output); y is contiguous.
+// The input x and `take_x` come from norm_io.wgsl (read only) or norm_add_io.wgsl (the residual
+// norm: x += a, written back, then normalised: one pass instead of an add and a norm).
 //
 // The CPU (as ggml) squares in f32 and sums the squares in f64, which shaders lack. Here each
 // square is added exactly into a 320-bit fixed-point integer (unit 2^-149, the least f32), the
@@ -19,15 +23,19 @@ struct Params {
     eps: f32,
     has_weight: u32,
     groups_x: u32,
-    _a: u32,
-    _b: u32,
+    per_row: u32,
+    x_stride: u32,
     _c: u32,
 }
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> weight: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
+
+// where row `row`'s values start in x
+fn x_base(row: u32) -> u32 {
+    return (row / p.per_row) * p.x_stride + (row % p.per_row) * p.n;
+}
 
 //#if exact
 var<workgroup> partial: array<u32, 640>;  // 64 threads x LIMBS
@@ -64,7 +72,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var bad = 0.0;
     if row < p.rows {
         for (var i = lid; i < p.n; i += 64u) {
-            let v = x[row * p.n + i];
+            let v = take_x(x_base(row) + i);
             let sq = v * v;
             let u = unpack_f32(sq);
             if ((bitcast<u32>(sq) >> 23u) & 0xffu) == 0xffu {
@@ -148,7 +156,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var acc = 0.0;
     if row < p.rows {
         for (var i = lid; i < p.n; i += 64u) {
-            let v = x[row * p.n + i];
+            let v = take_x(x_base(row) + i);
             acc = fma(v, v, acc);
         }
     }
@@ -170,7 +178,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let scale = row_scale;
     for (var i = lid; i < p.n; i += 64u) {
-        var v = x[row * p.n + i] * scale;
+        var v = x[x_base(row) + i] * scale;
         if p.has_weight != 0u {
             v *= weight[i];
         }

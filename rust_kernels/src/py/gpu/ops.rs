@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use super::device::GpuDevice;
 use super::tensor::{Dtype, GpuMatrix, GpuTensor, RopeKey};
-use crate::gpu::ops::{self, CopySpec, Elementwise, Rope};
+use crate::gpu::ops::{self, CopySpec, Elementwise, NormRows, Rope};
 use crate::gpu::{matvec, GpuBuffer, GpuWeight};
 use crate::py::common::value_error;
 
@@ -140,36 +140,110 @@ impl GpuDevice {
         Ok(self.tensor_of(ops::get_rows(&self.gpu, &w.w, &ids.buf, n), vec![n, w.cols]))
     }
 
-    /// RMSNorm over groups of `n` consecutive values (n = the weight's length when given).
-    #[pyo3(signature = (x, weight, eps, n=None))]
+    /// RMSNorm over groups of `n` consecutive values (n = the weight's length when given). With
+    /// `width`, only the first `width` columns of each row of a 2-D `x` (groups of n side by side)
+    /// are normalised, into a rows × width tensor: no copy of those columns first.
+    #[pyo3(signature = (x, weight, eps, n=None, width=None))]
     fn rms_norm(
         &self,
         x: PyRef<'_, GpuTensor>,
         weight: Option<PyRef<'_, GpuTensor>>,
         eps: f32,
         n: Option<usize>,
+        width: Option<usize>,
     ) -> PyResult<GpuTensor> {
         let n = n
             .or(weight.as_ref().map(|w| w.size()))
             .unwrap_or(*x.shape.last().unwrap_or(&1));
-        if n == 0 || !x.size().is_multiple_of(n) {
-            return Err(value_error(format!(
-                "rms_norm: {:?} is not rows of {n}",
-                x.shape
-            )));
-        }
         if n >= 1 << 16 {
             // norm.wgsl divides the exact sum by n in 16-bit steps
             return Err(value_error(format!(
                 "rms_norm: rows of {n} elements (at most 65535 on the GPU)"
             )));
         }
+        let (rows, shape) = match width {
+            None if n == 0 || !x.size().is_multiple_of(n) => {
+                return Err(value_error(format!(
+                    "rms_norm: {:?} is not rows of {n}",
+                    x.shape
+                )));
+            }
+            None => (
+                NormRows {
+                    rows: x.size() / n,
+                    n,
+                    per_row: 1,
+                    x_stride: n,
+                },
+                x.shape.clone(),
+            ),
+            Some(width) => {
+                let (x_rows, cols) = x.rows_cols();
+                if x.shape.len() != 2
+                    || n == 0
+                    || width == 0
+                    || width > cols
+                    || !width.is_multiple_of(n)
+                {
+                    return Err(value_error(format!(
+                        "rms_norm: the first {width} columns of {:?} in groups of {n}",
+                        x.shape
+                    )));
+                }
+                let per_row = width / n;
+                let rows = NormRows {
+                    rows: x_rows * per_row,
+                    n,
+                    per_row,
+                    x_stride: cols,
+                };
+                (rows, vec![x_rows, width])
+            }
+        };
+        if let Some(w) = &weight {
+            if w.size() != n {
+                return Err(value_error(format!(
+                    "rms_norm: a weight of {} values for groups of {n}",
+                    w.size()
+                )));
+            }
+        }
+        let weight = weight.as_ref().map(|w| &*w.buf);
+        let out = ops::rms_norm(&self.gpu, &x.buf, None, rows, weight, eps);
+        Ok(self.tensor_of(out, shape))
+    }
+
+    /// x += a, then the RMSNorm of each row of x times `weight` (the row length), in one pass: a
+    /// residual add and the norm after it, the bits of `add` then `rms_norm`.
+    fn add_rms_norm(
+        &self,
+        x: PyRef<'_, GpuTensor>,
+        a: PyRef<'_, GpuTensor>,
+        weight: PyRef<'_, GpuTensor>,
+        eps: f32,
+    ) -> PyResult<GpuTensor> {
+        let n = weight.size();
+        if n == 0 || n >= 1 << 16 || !x.size().is_multiple_of(n) || a.size() != x.size() {
+            return Err(value_error(format!(
+                "add_rms_norm: {:?} + {:?} in rows of {n} (at most 65535 on the GPU)",
+                x.shape, a.shape
+            )));
+        }
+        if Arc::ptr_eq(&x.buf, &a.buf) {
+            return Err(value_error("add_rms_norm: x and a are the same tensor"));
+        }
+        let rows = NormRows {
+            rows: x.size() / n,
+            n,
+            per_row: 1,
+            x_stride: n,
+        };
         let out = ops::rms_norm(
             &self.gpu,
             &x.buf,
-            x.size() / n,
-            n,
-            weight.as_ref().map(|w| &*w.buf),
+            Some(&a.buf),
+            rows,
+            Some(&weight.buf),
             eps,
         );
         Ok(self.tensor_of(out, x.shape.clone()))
@@ -248,6 +322,11 @@ impl GpuDevice {
     /// dst = silu(dst)
     fn silu(&self, dst: PyRef<'_, GpuTensor>) -> PyResult<()> {
         self.elementwise(Elementwise::Silu, &dst, None, 0, 0.0)
+    }
+
+    /// dst *= silu(gate), in one pass (no copy of silu(gate))
+    fn mul_silu(&self, dst: PyRef<'_, GpuTensor>, gate: PyRef<'_, GpuTensor>) -> PyResult<()> {
+        self.elementwise(Elementwise::MulSilu, &dst, Some(&gate), 0, 0.0)
     }
 
     /// gelu(gate) · up

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use super::device::GpuDevice;
 use super::tensor::{Dtype, GpuTensor};
 use crate::gpu::ops::{self, CopySpec};
-use crate::gpu::recurrent::{self, Conv, DeltaRule, Mamba2};
+use crate::gpu::recurrent::{self, Conv, DeltaRule, Mamba2, VColumns};
 use crate::py::common::value_error;
 
 fn f32_tensor(buf: crate::gpu::GpuBuffer, shape: Vec<usize>) -> GpuTensor {
@@ -112,15 +112,16 @@ fn gpu_conv1d(
     Ok(f32_tensor(out, vec![n, channels]))
 }
 
-/// The gated delta rule: q, k (n × nk·dk, L2-normalised), v (n × nv·dv), g, beta (n × nv),
-/// states nv × dv × dk. Returns n × nv × dv; the new state goes to state_out.
+/// The gated delta rule: qk (n × 2·nk·dk: each token's q heads then its k heads, L2-normalised),
+/// v (n rows, its nv·dv values from column `v_offset` on: the rest of a row is not read), g, beta
+/// (n × nv), states nv × dv × dk. Returns n × nv × dv; the new state goes to state_out.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn gpu_delta_rule(
     dev: PyRef<'_, GpuDevice>,
-    q: PyRef<'_, GpuTensor>,
-    k: PyRef<'_, GpuTensor>,
+    qk: PyRef<'_, GpuTensor>,
     v: PyRef<'_, GpuTensor>,
+    v_offset: usize,
     g: PyRef<'_, GpuTensor>,
     beta: PyRef<'_, GpuTensor>,
     state_in: PyRef<'_, GpuTensor>,
@@ -129,10 +130,7 @@ fn gpu_delta_rule(
     nv: usize,
     grouped: bool,
 ) -> PyResult<GpuTensor> {
-    check_f32(
-        &[&q, &k, &v, &g, &beta, &state_in, &state_out],
-        "delta_rule",
-    )?;
+    check_f32(&[&qk, &v, &g, &beta, &state_in, &state_out], "delta_rule")?;
     if nk == 0 || !nv.is_multiple_of(nk) {
         return Err(value_error(format!(
             "delta_rule: {nv} v heads over {nk} k heads"
@@ -143,15 +141,20 @@ fn gpu_delta_rule(
         ops_copy(&dev, &state_in, &state_out);
         return Ok(f32_tensor(dev.gpu.alloc(0), vec![0, nv, 0]));
     }
-    let (dk, dv) = (q.size() / (n * nk), v.size() / (n * nv));
-    let ok = q.size() == n * nk * dk && v.size() == n * nv * dv && dk > 0 && dv > 0;
+    let dk = qk.size() / (n * 2 * nk);
+    let dv = state_in.size() / (nv * dk.max(1));
+    let v_stride = v.size() / n;
+    let ok = qk.size() == n * 2 * nk * dk
+        && dk > 0
+        && dv > 0
+        && v.size() == n * v_stride
+        && v_offset + nv * dv <= v_stride;
     if !ok {
         return Err(value_error(format!(
-            "delta_rule: q {:?}, v {:?} for {n} rows",
-            q.shape, v.shape
+            "delta_rule: qk {:?}, v {:?} from column {v_offset} for {n} rows of {nv} v heads",
+            qk.shape, v.shape
         )));
     }
-    same_size(&k, &q, "delta_rule (k, q)")?;
     same_size(&beta, &g, "delta_rule (beta, g)")?;
     state_pair(&state_in, &state_out, nv * dv * dk, "delta_rule")?;
     let s = DeltaRule {
@@ -162,11 +165,15 @@ fn gpu_delta_rule(
         dv,
         grouped,
     };
+    let v_at = VColumns {
+        stride: v_stride,
+        offset: v_offset,
+    };
     let out = recurrent::delta_rule(
         &dev.gpu,
-        &q.buf,
-        &k.buf,
+        &qk.buf,
         &v.buf,
+        &v_at,
         &g.buf,
         &beta.buf,
         &state_in.buf,

@@ -52,6 +52,16 @@ def attend(
     return out
 
 
+def add_and_norm(ops: Backend, h: Tensor, y: Tensor, norm: Tensor | None, eps: float) -> Tensor | None:
+    """h += y (the residual stream), and the RMSNorm of the new h with `norm` (the next sub-layer's
+    input) in the same pass on a device; with no norm (after the last layer, whose norm is the
+    output's, taken on the rows asked for) the add alone."""
+    if norm is None:
+        ops.add_(h, y)
+        return None
+    return ops.add_rms_norm(h, y, norm, eps)
+
+
 def advance(segments: Sequence[Segment]) -> None:
     """Commit the evaluated tokens to each memory (after the whole forward succeeded)."""
     for seg in segments:

@@ -19,7 +19,7 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import advance, attend, inv_sqrt_f32, output_logits
+from hyserve.model.architectures.common import add_and_norm, advance, attend, inv_sqrt_f32, output_logits
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
@@ -118,17 +118,17 @@ class Gemma3(Architecture):
         pos = ops.ids(positions, "positions")
         h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
         ops.scale_(h, self.embd_scale)
+        x = ops.rms_norm(h, self.layers[0].attn_norm, eps)
         for il, L in enumerate(self.layers):
             check_cancel(cancel)
-            x = ops.rms_norm(h, L.attn_norm, eps)
             q, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
             q = ops.rope(ops.rms_norm(q, L.q_norm, eps), self.n_head, pos, hd, L.rope_base, L.rope_scale, True)
             k = ops.rope(ops.rms_norm(k, L.k_norm, eps), self.n_kv, pos, hd, L.rope_base, L.rope_scale, True)
             ops.scale_(q, self.q_scale)
             a = attend(ops, segments, spans, il, q, k, v, pos, L.window)
-            ops.add_(h, ops.rms_norm(ops.matmul(L.wo, a), L.post_attn_norm, eps))
-            x = ops.rms_norm(h, L.ffn_norm, eps)
+            x = ops.add_rms_norm(h, ops.rms_norm(ops.matmul(L.wo, a), L.post_attn_norm, eps), L.ffn_norm, eps)
             gate, up = ops.matmul_many([L.w_gate, L.w_up], x, cancel)
-            ops.add_(h, ops.rms_norm(ops.matmul(L.w_down, ops.geglu(gate, up)), L.post_ffn_norm, eps))
+            y = ops.rms_norm(ops.matmul(L.w_down, ops.geglu(gate, up)), L.post_ffn_norm, eps)
+            x = add_and_norm(ops, h, y, self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else None, eps)
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, eps, self.softcap)

@@ -17,7 +17,7 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import advance, attend, inv_sqrt_f32, output_logits
+from hyserve.model.architectures.common import add_and_norm, advance, attend, inv_sqrt_f32, output_logits
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
@@ -107,9 +107,9 @@ class Llama(Architecture):
         eps = self.eps
         pos = ops.ids(positions, "positions")
         h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
+        x = ops.rms_norm(h, self.layers[0].attn_norm, eps)
         for il, L in enumerate(self.layers):
             check_cancel(cancel)
-            x = ops.rms_norm(h, L.attn_norm, eps)
             q, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
             if L.bias_qkv is not None:
                 q, k, v = (ops.add_row(t, b) for t, b in zip((q, k, v), L.bias_qkv))
@@ -118,10 +118,10 @@ class Llama(Architecture):
             q = ops.rope(q, self.n_head, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
             k = ops.rope(k, self.n_kv, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
             a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=self.kq_scale)
-            ops.add_(h, ops.matmul(L.wo, a))
-            x = ops.rms_norm(h, L.ffn_norm, eps)
+            x = ops.add_rms_norm(h, ops.matmul(L.wo, a), L.ffn_norm, eps)
             gate, up = ops.matmul_many([L.w_gate, L.w_up], x, cancel)
-            ops.add_(h, ops.matmul(L.w_down, ops.swiglu(gate, up)))
+            nxt = self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else None
+            x = add_and_norm(ops, h, ops.matmul(L.w_down, ops.swiglu(gate, up)), nxt, eps)
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, eps)
 

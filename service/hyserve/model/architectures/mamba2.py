@@ -16,7 +16,7 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import WorkingStates, advance, output_logits
+from hyserve.model.architectures.common import WorkingStates, add_and_norm, advance, output_logits
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
@@ -105,7 +105,7 @@ class Mamba2(Architecture):
                     y = ops.empty((rows, nh, hd))
                 ops.put_rows(y, span.start, out)
         gated = y.reshape(rows, di)
-        ops.mul_(gated, ops.silu(z))
+        ops.mul_silu_(gated, z)
         normed = ops.rms_norm_groups(gated, di // self.n_groups, self.eps)
         ops.mul_row_(normed, L.ssm_norm)
         return ops.matmul(L.w_out, normed, cancel)
@@ -137,10 +137,11 @@ class Mamba2(Architecture):
         tokens, _, spans = segment_rows(segments)
         states = WorkingStates(ops)
         h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
+        x = ops.rms_norm(h, self.layers[0].norm, self.eps)
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
-            x = ops.rms_norm(h, layer.norm, self.eps)
-            ops.add_(h, self._mixer(layer, il, x, segments, spans, states, cancel))
+            nxt = self.layers[il + 1].norm if il + 1 < len(self.layers) else None
+            x = add_and_norm(ops, h, self._mixer(layer, il, x, segments, spans, states, cancel), nxt, self.eps)
         states.commit()
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, self.eps)

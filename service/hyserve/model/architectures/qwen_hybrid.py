@@ -17,7 +17,7 @@ import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.model.architectures.base import Architecture, Segment, check_cancel, segment_rows
-from hyserve.model.architectures.common import WorkingStates, advance, attend, inv_sqrt_f32, output_logits
+from hyserve.model.architectures.common import WorkingStates, add_and_norm, advance, attend, inv_sqrt_f32, output_logits
 from hyserve.model.architectures.ffn import Ffn
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
@@ -232,7 +232,7 @@ class QwenHybrid(Architecture):
                     o = ops.empty((rows, nv, dv))
                 ops.put_rows(o, span.start, out)
         y = ops.rms_norm(o, L.norm, self.eps).reshape(rows, nv * dv)
-        ops.mul_(y, ops.silu(z))
+        ops.mul_silu_(y, z)
         return ops.matmul(L.w_out, y, cancel)
 
     def _scan(
@@ -248,7 +248,7 @@ class QwenHybrid(Architecture):
     ) -> Tensor:
         """A delta-net layer's recurrent part for one sequence's rows (conv, L2 norms, delta rule):
         rows x nv x dv outputs; the new states go to new_conv/new_ssm."""
-        ops, nk, nv, dk, dv = self.ops, self.nk, self.nv, self.dk, self.dv
+        ops, nk, nv = self.ops, self.nk, self.nv
         # ggml's SiLU: the convolution's own is the same per element when no row has a tail of
         # fewer than 8 channels (which it computes with libm's expf)
         fused = self.channels % 8 == 0
@@ -256,10 +256,9 @@ class QwenHybrid(Architecture):
         if not fused:
             u = ops.silu(u)
         # q and k are L2-normalised inside the rule as llama.cpp's graph does it
-        # (`rms_norm(x, eps / dk) / sqrt(dk)`, not ggml_l2_norm: the two differ in the last bits)
-        q, k = ops.columns(u, 0, nk * dk), ops.columns(u, nk * dk, nk * dk)
-        v = ops.columns(u, 2 * nk * dk, nv * dv)
-        return ops.gated_delta_rule(q, k, v, g, beta, ssm_state, new_ssm, nk, nv, self.grouped_heads, l2_eps=self.eps)
+        # (`rms_norm(x, eps / dk) / sqrt(dk)`, not ggml_l2_norm: the two differ in the last bits);
+        # u holds q, k and v side by side (nk*dk, nk*dk and nv*dv columns)
+        return ops.gated_delta_rule_packed(u, g, beta, ssm_state, new_ssm, nk, nv, self.grouped_heads, l2_eps=self.eps)
 
     def _replay_recurrent(self, il: int, inputs: tuple[Tensor, ...], state: tuple[Tensor, ...]) -> None:
         mixer = self.layers[il].mixer
@@ -273,14 +272,16 @@ class QwenHybrid(Architecture):
         states = WorkingStates(ops)  # committed only after the whole call succeeded
         pos = ops.ids(positions, "positions")
         h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
+        x = ops.rms_norm(h, self.layers[0].attn_norm, self.eps)
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
-            x = ops.rms_norm(h, layer.attn_norm, self.eps)
             if isinstance(layer.mixer, GatedAttention):
-                ops.add_(h, self._attention(layer.mixer, x, il, segments, spans, pos, cancel))
+                y = self._attention(layer.mixer, x, il, segments, spans, pos, cancel)
             else:
-                ops.add_(h, self._delta_net(layer.mixer, x, il, segments, spans, states, cancel))
-            ops.add_(h, layer.ffn(ops.rms_norm(h, layer.ffn_norm, self.eps), cancel))
+                y = self._delta_net(layer.mixer, x, il, segments, spans, states, cancel)
+            x = ops.add_rms_norm(h, y, layer.ffn_norm, self.eps)
+            nxt = self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else None
+            x = add_and_norm(ops, h, layer.ffn(x, cancel), nxt, self.eps)
         states.commit()
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, self.eps)

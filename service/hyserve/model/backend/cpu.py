@@ -58,6 +58,10 @@ class CpuBackend(CpuRecurrentOps):
     def add_(self, dst: np.ndarray, a: np.ndarray) -> None:
         dst += a
 
+    def add_rms_norm(self, h: np.ndarray, a: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        self.add_(h, a)
+        return self.rms_norm(h, weight, eps)
+
     def scale_(self, dst: np.ndarray, s: float | np.float32) -> None:
         dst *= s
 

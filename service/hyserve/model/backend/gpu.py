@@ -127,6 +127,9 @@ class GpuBackend(GpuRecurrentOps):
     def add_(self, dst: hk.GpuTensor, a: hk.GpuTensor) -> None:
         self.device.add(dst, a)
 
+    def add_rms_norm(self, h: hk.GpuTensor, a: hk.GpuTensor, weight: hk.GpuTensor, eps: float) -> hk.GpuTensor:
+        return self.device.add_rms_norm(h, a, weight, eps)
+
     def scale_(self, dst: hk.GpuTensor, s: float | np.float32) -> None:
         self.device.scale(dst, float(s))
 

@@ -58,6 +58,10 @@ class RecurrentOps(Protocol):
     def put_rows(self, dst: Tensor, start: int, src: Tensor) -> None: ...
     def mul_(self, dst: Tensor, a: Tensor) -> None: ...
     def silu(self, x: Tensor) -> Tensor: ...
+    def mul_silu_(self, dst: Tensor, gate: Tensor) -> None:
+        """dst *= silu(gate): the bits of `mul_(dst, silu(gate))`, without the copy on a device"""
+        ...
+
     def sigmoid_mul_(self, dst: Tensor, gate: Tensor) -> None:
         """dst *= sigmoid(gate)"""
         ...
@@ -114,6 +118,23 @@ class RecurrentOps(Protocol):
         """q, k: rows x nk*dk, L2-normalised (or normalised here with `l2_eps` as llama.cpp's graph
         does it: rms_norm(x, eps / dk) / sqrt(dk)); v: rows x nv*dv; returns rows x nv x dv. V head j
         uses k head j // (nv/nk) when `grouped`, else j % nk."""
+        ...
+
+    def gated_delta_rule_packed(
+        self,
+        u: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        state: Tensor,
+        new_state: Tensor,
+        n_k_heads: int,
+        n_v_heads: int,
+        grouped: bool,
+        l2_eps: float | None = None,
+    ) -> Tensor:
+        """`gated_delta_rule` on q, k and v as the columns of one tensor, u = [q | k | v]
+        (rows x (2*nk*dk + nv*dv), a delta-net layer's convolution output; dk and dv from the state's
+        shape nv x dv x dk): the same bits, without copying the three apart on a device."""
         ...
 
     def mamba2_scan(

@@ -33,6 +33,9 @@ class CpuRecurrentOps:
     def silu(self, x: np.ndarray) -> np.ndarray:
         return hk.silu(np.ascontiguousarray(x).reshape(-1)).reshape(x.shape)
 
+    def mul_silu_(self, dst: np.ndarray, gate: np.ndarray) -> None:
+        self.mul_(dst, self.silu(gate))
+
     def sigmoid_mul_(self, dst: np.ndarray, gate: np.ndarray) -> None:
         dst *= hk.sigmoid(gate)  # libm's expf, as ggml (numpy's exp rounds differently)
 
@@ -98,6 +101,23 @@ class CpuRecurrentOps:
         if l2_eps is None:
             return hk.gated_delta_rule(q, k, v, g, beta, state, new_state=new_state)
         return hk.gated_delta_rule(q, k, v, g, beta, state, l2_eps=l2_eps, new_state=new_state)
+
+    def gated_delta_rule_packed(
+        self,
+        u: np.ndarray,
+        g: np.ndarray,
+        beta: np.ndarray,
+        state: np.ndarray,
+        new_state: np.ndarray,
+        n_k_heads: int,
+        n_v_heads: int,
+        grouped: bool,
+        l2_eps: float | None = None,
+    ) -> np.ndarray:
+        width = n_k_heads * state.shape[-1]
+        q, k = self.columns(u, 0, width), self.columns(u, width, width)
+        v = self.columns(u, 2 * width, u.shape[1] - 2 * width)
+        return self.gated_delta_rule(q, k, v, g, beta, state, new_state, n_k_heads, n_v_heads, grouped, l2_eps)
 
     def mamba2_scan(
         self,

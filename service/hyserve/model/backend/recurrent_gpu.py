@@ -85,6 +85,9 @@ class GpuRecurrentOps:
         self.device.silu(out)
         return out
 
+    def mul_silu_(self, dst: hk.GpuTensor, gate: hk.GpuTensor) -> None:
+        self.device.mul_silu(dst, gate)
+
     def sigmoid_mul_(self, dst: hk.GpuTensor, gate: hk.GpuTensor) -> None:
         native.gpu_sigmoid_mul(self.device, dst, gate)
 
@@ -132,17 +135,50 @@ class GpuRecurrentOps:
         grouped: bool,
         l2_eps: float | None = None,
     ) -> hk.GpuTensor:
+        rows = g.shape[0]
+        if rows == 0:  # the kernel's call only carries the state over
+            return native.gpu_delta_rule(self.device, q, v, 0, g, beta, state, new_state, n_k_heads, n_v_heads, grouped)
         if l2_eps is not None:
-            # as the CPU and current llama.cpp's graph: rms_norm(x, eps / dk) * (1 / sqrt(dk)), with
-            # both constants rounded in f32 as the CPU computes them (ggml_l2_norm's own formula
-            # differs in the last bits)
             dk = q.shape[-1] // n_k_heads
-            eps_dk = float(np.float32(l2_eps) / np.float32(dk))
-            inv_sqrt = float(np.float32(1) / np.sqrt(np.float32(dk)))
-            q, k = (self.rms_norm_groups(t, dk, eps_dk) for t in (q, k))
-            for t in (q, k):
-                self.device.scale(t, inv_sqrt)
-        return native.gpu_delta_rule(self.device, q, k, v, g, beta, state, new_state, n_k_heads, n_v_heads, grouped)
+            q, k = (self._l2_normalised(t.reshape(rows, -1), dk, l2_eps, dk * n_k_heads) for t in (q, k))
+        qk = self.concat_columns([q.reshape(rows, -1), k.reshape(rows, -1)])
+        return native.gpu_delta_rule(
+            self.device, qk, v.reshape(rows, -1), 0, g, beta, state, new_state, n_k_heads, n_v_heads, grouped
+        )
+
+    def gated_delta_rule_packed(
+        self,
+        u: hk.GpuTensor,
+        g: hk.GpuTensor,
+        beta: hk.GpuTensor,
+        state: hk.GpuTensor,
+        new_state: hk.GpuTensor,
+        n_k_heads: int,
+        n_v_heads: int,
+        grouped: bool,
+        l2_eps: float | None = None,
+    ) -> hk.GpuTensor:
+        dk = state.shape[-1]
+        width = 2 * n_k_heads * dk
+        if l2_eps is None:
+            qk = self.columns(u, 0, width)
+        else:  # q and k normalised straight out of u (one pass, no copies of the columns)
+            qk = self._l2_normalised(u, dk, l2_eps, width)
+        # the kernel reads v from u's own rows
+        return native.gpu_delta_rule(
+            self.device, qk, u, width, g, beta, state, new_state, n_k_heads, n_v_heads, grouped
+        )
+
+    def _l2_normalised(self, x: hk.GpuTensor, dk: int, l2_eps: float, width: int) -> hk.GpuTensor:
+        """The first `width` columns of x, L2-normalised per group of dk as the CPU and current
+        llama.cpp's graph do it: rms_norm(x, eps / dk) * (1 / sqrt(dk)), both constants rounded in
+        f32 as the CPU computes them (ggml_l2_norm's own formula differs in the last bits). The
+        factor is the norm's weight: x * scale * w rounds as a norm and then a scale do."""
+        eps_dk = float(np.float32(l2_eps) / np.float32(dk))
+        scales = self.__dict__.setdefault("_l2_scales", {})
+        if dk not in scales:
+            scales[dk] = self.device.tensor(np.full(dk, np.float32(1) / np.sqrt(np.float32(dk)), np.float32))
+        return self.device.rms_norm(x, scales[dk], eps_dk, dk, width)
 
     def mamba2_scan(
         self,
