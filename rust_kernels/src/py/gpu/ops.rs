@@ -155,36 +155,12 @@ impl GpuDevice {
         let n = n
             .or(weight.as_ref().map(|w| w.size()))
             .unwrap_or(*x.shape.last().unwrap_or(&1));
-        if n >= 1 << 16 {
-            // norm.wgsl divides the exact sum by n in 16-bit steps
-            return Err(value_error(format!(
-                "rms_norm: rows of {n} elements (at most 65535 on the GPU)"
-            )));
-        }
         let (rows, shape) = match width {
-            None if n == 0 || !x.size().is_multiple_of(n) => {
-                return Err(value_error(format!(
-                    "rms_norm: {:?} is not rows of {n}",
-                    x.shape
-                )));
-            }
-            None => (
-                NormRows {
-                    rows: x.size() / n,
-                    n,
-                    per_row: 1,
-                    x_stride: n,
-                },
-                x.shape.clone(),
-            ),
+            None => (whole_rows(&x, n, "rms_norm")?, x.shape.clone()),
             Some(width) => {
+                group_size(n, "rms_norm")?;
                 let (x_rows, cols) = x.rows_cols();
-                if x.shape.len() != 2
-                    || n == 0
-                    || width == 0
-                    || width > cols
-                    || !width.is_multiple_of(n)
-                {
+                if x.shape.len() != 2 || width == 0 || width > cols || !width.is_multiple_of(n) {
                     return Err(value_error(format!(
                         "rms_norm: the first {width} columns of {:?} in groups of {n}",
                         x.shape
@@ -222,22 +198,16 @@ impl GpuDevice {
         weight: PyRef<'_, GpuTensor>,
         eps: f32,
     ) -> PyResult<GpuTensor> {
-        let n = weight.size();
-        if n == 0 || n >= 1 << 16 || !x.size().is_multiple_of(n) || a.size() != x.size() {
+        let rows = whole_rows(&x, weight.size(), "add_rms_norm")?;
+        if a.size() != x.size() {
             return Err(value_error(format!(
-                "add_rms_norm: {:?} + {:?} in rows of {n} (at most 65535 on the GPU)",
+                "add_rms_norm: {:?} + {:?}",
                 x.shape, a.shape
             )));
         }
         if Arc::ptr_eq(&x.buf, &a.buf) {
             return Err(value_error("add_rms_norm: x and a are the same tensor"));
         }
-        let rows = NormRows {
-            rows: x.size() / n,
-            n,
-            per_row: 1,
-            x_stride: n,
-        };
         let out = ops::rms_norm(
             &self.gpu,
             &x.buf,
@@ -391,4 +361,31 @@ impl GpuDevice {
         ops::copy(&self.gpu, &x.buf, None, &out, &spec);
         Ok(self.tensor_of(out, vec![rows, width]))
     }
+}
+
+/// Checks a norm's group size: norm.wgsl divides the exact sum by n in 16-bit steps.
+fn group_size(n: usize, what: &str) -> PyResult<()> {
+    if n == 0 || n >= 1 << 16 {
+        return Err(value_error(format!(
+            "{what}: groups of {n} elements (1 to 65535 on the GPU)"
+        )));
+    }
+    Ok(())
+}
+
+/// The rows of a norm over consecutive groups of `n` values of `x`, or why there are none.
+fn whole_rows(x: &GpuTensor, n: usize, what: &str) -> PyResult<NormRows> {
+    group_size(n, what)?;
+    if !x.size().is_multiple_of(n) {
+        return Err(value_error(format!(
+            "{what}: {:?} is not rows of {n}",
+            x.shape
+        )));
+    }
+    Ok(NormRows {
+        rows: x.size() / n,
+        n,
+        per_row: 1,
+        x_stride: n,
+    })
 }

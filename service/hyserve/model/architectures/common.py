@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,11 @@ def attend(
         jobs.append(AttentionSpan(cache, seg.memory.n_tokens, span))
     ops.attention(jobs, q, k, v, positions, window, kq_scale, out)
     return out
+
+
+def next_input_norm(layers: Sequence[Any], il: int, name: str = "attn_norm") -> Tensor | None:
+    """The input norm (attribute `name`) of the layer after layer `il`, or None after the last."""
+    return getattr(layers[il + 1], name) if il + 1 < len(layers) else None
 
 
 def add_and_norm(ops: Backend, h: Tensor, y: Tensor, norm: Tensor | None, eps: float) -> Tensor | None:

@@ -19,7 +19,14 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import add_and_norm, advance, attend, inv_sqrt_f32, output_logits
+from hyserve.model.architectures.common import (
+    add_and_norm,
+    advance,
+    attend,
+    inv_sqrt_f32,
+    next_input_norm,
+    output_logits,
+)
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
@@ -129,6 +136,6 @@ class Gemma3(Architecture):
             x = ops.add_rms_norm(h, ops.rms_norm(ops.matmul(L.wo, a), L.post_attn_norm, eps), L.ffn_norm, eps)
             gate, up = ops.matmul_many([L.w_gate, L.w_up], x, cancel)
             y = ops.rms_norm(ops.matmul(L.w_down, ops.geglu(gate, up)), L.post_ffn_norm, eps)
-            x = add_and_norm(ops, h, y, self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else None, eps)
+            x = add_and_norm(ops, h, y, next_input_norm(self.layers, il), eps)
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, eps, self.softcap)

@@ -17,7 +17,14 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import add_and_norm, advance, attend, inv_sqrt_f32, output_logits
+from hyserve.model.architectures.common import (
+    add_and_norm,
+    advance,
+    attend,
+    inv_sqrt_f32,
+    next_input_norm,
+    output_logits,
+)
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
@@ -120,8 +127,8 @@ class Llama(Architecture):
             a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=self.kq_scale)
             x = ops.add_rms_norm(h, ops.matmul(L.wo, a), L.ffn_norm, eps)
             gate, up = ops.matmul_many([L.w_gate, L.w_up], x, cancel)
-            nxt = self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else None
-            x = add_and_norm(ops, h, ops.matmul(L.w_down, ops.swiglu(gate, up)), nxt, eps)
+            y = ops.matmul(L.w_down, ops.swiglu(gate, up))
+            x = add_and_norm(ops, h, y, next_input_norm(self.layers, il), eps)
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, eps)
 

@@ -16,7 +16,7 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import WorkingStates, add_and_norm, advance, output_logits
+from hyserve.model.architectures.common import WorkingStates, add_and_norm, advance, next_input_norm, output_logits
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
@@ -140,8 +140,8 @@ class Mamba2(Architecture):
         x = ops.rms_norm(h, self.layers[0].norm, self.eps)
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
-            nxt = self.layers[il + 1].norm if il + 1 < len(self.layers) else None
-            x = add_and_norm(ops, h, self._mixer(layer, il, x, segments, spans, states, cancel), nxt, self.eps)
+            y = self._mixer(layer, il, x, segments, spans, states, cancel)
+            x = add_and_norm(ops, h, y, next_input_norm(self.layers, il, "norm"), self.eps)
         states.commit()
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, self.eps)

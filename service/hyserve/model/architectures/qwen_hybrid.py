@@ -17,7 +17,15 @@ import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.model.architectures.base import Architecture, Segment, check_cancel, segment_rows
-from hyserve.model.architectures.common import WorkingStates, add_and_norm, advance, attend, inv_sqrt_f32, output_logits
+from hyserve.model.architectures.common import (
+    WorkingStates,
+    add_and_norm,
+    advance,
+    attend,
+    inv_sqrt_f32,
+    next_input_norm,
+    output_logits,
+)
 from hyserve.model.architectures.ffn import Ffn
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
@@ -280,8 +288,7 @@ class QwenHybrid(Architecture):
             else:
                 y = self._delta_net(layer.mixer, x, il, segments, spans, states, cancel)
             x = ops.add_rms_norm(h, y, layer.ffn_norm, self.eps)
-            nxt = self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else None
-            x = add_and_norm(ops, h, layer.ffn(x, cancel), nxt, self.eps)
+            x = add_and_norm(ops, h, layer.ffn(x, cancel), next_input_norm(self.layers, il), self.eps)
         states.commit()
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, self.eps)

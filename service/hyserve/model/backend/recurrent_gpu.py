@@ -138,13 +138,8 @@ class GpuRecurrentOps:
         rows = g.shape[0]
         if rows == 0:  # the kernel's call only carries the state over
             return native.gpu_delta_rule(self.device, q, v, 0, g, beta, state, new_state, n_k_heads, n_v_heads, grouped)
-        if l2_eps is not None:
-            dk = q.shape[-1] // n_k_heads
-            q, k = (self._l2_normalised(t.reshape(rows, -1), dk, l2_eps, dk * n_k_heads) for t in (q, k))
-        qk = self.concat_columns([q.reshape(rows, -1), k.reshape(rows, -1)])
-        return native.gpu_delta_rule(
-            self.device, qk, v.reshape(rows, -1), 0, g, beta, state, new_state, n_k_heads, n_v_heads, grouped
-        )
+        u = self.concat_columns([t.reshape(rows, -1) for t in (q, k, v)])
+        return self.gated_delta_rule_packed(u, g, beta, state, new_state, n_k_heads, n_v_heads, grouped, l2_eps)
 
     def gated_delta_rule_packed(
         self,
