@@ -80,7 +80,7 @@ class TracingBackend(CpuBackend):
             self.compare(f"matmul {w.rows}x{w.cols}", r, g)
         return rs
 
-    def rms_norm(self, x, weight, eps):
+    def rms_norm(self, x, weight, eps, feeds=()):
         r = super().rms_norm(x, weight, eps)
         self.compare(f"rms_norm {len(weight)}", r, self.gpu.rms_norm(self.up(x), self.up(weight), eps))
         return r

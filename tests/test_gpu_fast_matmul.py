@@ -2,9 +2,11 @@
 format: a row's bits are the same whatever the batch or chunk it is computed in and run after run,
 with 16 threads per weight row (GPUs) or one (software adapters); close to the CPU kernels; and no
 more passes than the exact path (none to quantize F32 weights' activations; the Q8 activations by
-a workgroup per 256 values, quantize_fast.wgsl)."""
+a workgroup per 256 values, quantize_fast.wgsl, or by the norm that wrote them)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import hyserve_kernels as hk
 import numpy as np
@@ -103,3 +105,96 @@ def test_fast_matmul_records_no_more_passes_than_exact(t: T) -> None:
         assert fast == {"quantize_act": 1, "matmul_fast": 1}, fast  # rounded to f16 / bf16
     else:
         assert fast == {"quantize_act_fast": 1, "matmul_fast": 1}, fast  # Q8_0, Q8_1, Q8_K
+
+
+def made_then_multiplied(dev, m: hk.QMatrix, make: Callable, hint: bool) -> list[np.ndarray]:
+    """`make(dev, feeds)` (a norm or a gated unit, told what it feeds or not), then the matmul:
+    the product and every tensor `make` returns."""
+    w = dev.matrix(m)
+    made = make(dev, [w] if hint else None)
+    return [dev.to_host(dev.matmul(w, made[0]))] + [dev.to_host(t) for t in made]
+
+
+def norm_of(x: np.ndarray, a: np.ndarray | None) -> Callable:
+    weight = np.random.default_rng(7).standard_normal(x.shape[1]).astype(np.float32)
+
+    def make(dev, feeds):
+        h = dev.tensor(x)
+        if a is None:
+            return [dev.rms_norm(h, dev.tensor(weight), 1e-6, feeds=feeds), h]
+        return [dev.add_rms_norm(h, dev.tensor(a), dev.tensor(weight), 1e-6, feeds=feeds), h]
+
+    return make
+
+
+def gated_of(op: str, gate: np.ndarray, up: np.ndarray) -> Callable:
+    return lambda dev, feeds: [getattr(dev, op)(dev.tensor(gate), dev.tensor(up), feeds=feeds)]
+
+
+def passes_of(dev, m: hk.QMatrix, make: Callable) -> dict[str, int]:
+    ts = hk.GpuTimestamps(dev)
+    if not ts.supported:
+        pytest.skip("the adapter has no timestamp queries")
+    dev.flush()
+    ts.start()
+    try:
+        ts.take()
+        made_then_multiplied(dev, m, make, hint=True)
+        totals, _ = ts.take()
+    finally:
+        ts.stop()
+    return {name: n for name, (_, n) in totals.items() if name != "copy"}
+
+
+def assert_fused_when_q8(fast_device, t: T, m: hk.QMatrix, make: Callable, plain: str, fused: str) -> None:
+    """The hinted path gives the plain path's bits everywhere, and for the Q8 kinds one pass less."""
+    for got, want in zip(
+        made_then_multiplied(fast_device, m, make, True), made_then_multiplied(fast_device, m, make, False)
+    ):
+        np.testing.assert_array_equal(got, want)
+    passes = passes_of(open_device(numerics="fast"), m, make)
+    if t == T.F32:
+        assert passes == {plain: 1, "matmul_fast": 1}, passes  # f32 activations are read as they are
+    elif t == T.F16:
+        assert passes == {plain: 1, "quantize_act": 1, "matmul_fast": 1}, passes
+    else:
+        assert passes == {fused: 1, "matmul_fast": 1}, passes
+
+
+FUSABLE = [T.Q8_0, T.Q4_1, T.Q4_K, T.F32, T.F16]  # act kinds Q8_0, Q8_1, Q8_K, and two without
+
+
+@pytest.mark.parametrize("add", [False, True], ids=["norm", "add-and-norm"])
+@pytest.mark.parametrize("t", FUSABLE, ids=lambda t: t.name)
+def test_a_norm_told_its_matmul_quantizes_for_it_in_the_same_pass(fast_device, t: T, add: bool) -> None:
+    """A norm given `feeds` quantizes its rows for them as it writes them (norm_quantize_end.wgsl):
+    the matmul after it reads those quants and gives the bits it gives after a plain norm."""
+    m, x = inputs(t)
+    make = norm_of(x[:5], x[5:10] if add else None)
+    norm = "add_rms_norm" if add else "rms_norm"
+    assert_fused_when_q8(fast_device, t, m, make, norm, f"{norm}_quantize")
+
+
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+@pytest.mark.parametrize("t", FUSABLE, ids=lambda t: t.name)
+def test_a_gated_unit_told_its_down_projection_quantizes_for_it(fast_device, t: T, op: str) -> None:
+    """SwiGLU and GEGLU given `feeds` compute each value as the thread quantizing it reads it
+    (gated_in.wgsl): the unit's output and the product after it are the plain path's bits."""
+    m, x = inputs(t)
+    make = gated_of(op, x[:5] * 4, x[5:10])  # gate values past GELU's +-10 cut-offs too
+    assert_fused_when_q8(fast_device, t, m, make, "elementwise", "gated_quantize")
+
+
+def test_quants_made_by_a_norm_are_not_read_after_the_tensor_changed(fast_device) -> None:
+    """The quants a norm made describe its result only until the device records anything else:
+    scaled in place after the norm, the tensor is quantized again by the matmul (its new values)."""
+    m, x = inputs(T.Q4_K)
+    w, weight = fast_device.matrix(m), fast_device.tensor(np.ones(x.shape[1], np.float32))
+    outs = []
+    for feeds in ([w], None):
+        y = fast_device.rms_norm(fast_device.tensor(x[:3]), weight, 1e-6, feeds=feeds)
+        fast_device.scale(y, 3.0)
+        outs.append(fast_device.to_host(fast_device.matmul(w, y)))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    unscaled = fast_device.rms_norm(fast_device.tensor(x[:3]), weight, 1e-6)
+    assert not np.array_equal(outs[0], fast_device.to_host(fast_device.matmul(w, unscaled)))

@@ -123,6 +123,18 @@ def test_a_norm_of_leading_columns_reads_them_in_place(gpu) -> None:
         gpu.device.rms_norm(tx, gpu.vector(rand(7)), 1e-5, 8, 24)
 
 
+def test_rms_norm_columns_gives_the_bits_of_a_norm_of_the_columns_copied_out(gpu) -> None:
+    """The backend op the gated attention's q norm uses ([q_h | gate_h] rows, q_h normalised in
+    place): on each device the bits of `rms_norm(columns(x, 0, width))`."""
+    heads, w = rand(6, 2 * 16, scale=3), rand(16)
+    got = gpu.rms_norm_columns(gpu.vector(heads), gpu.vector(w), 1e-6, 16)
+    apart = gpu.rms_norm(gpu.columns(gpu.vector(heads), 0, 16), gpu.vector(w), 1e-6)
+    np.testing.assert_array_equal(gpu.to_host(got), gpu.to_host(apart))
+    cpu = CPU.rms_norm_columns(heads, w, 1e-6, 16)
+    np.testing.assert_array_equal(cpu, CPU.rms_norm(CPU.columns(heads, 0, 16), w, 1e-6))
+    close(gpu.to_host(got), cpu, 1e-6)
+
+
 def test_mul_silu_gives_the_bits_of_a_silu_then_a_product(gpu) -> None:
     dst, gate = rand(3, 37, scale=4), rand(3, 37, scale=4)
     t = gpu.vector(dst)

@@ -10,11 +10,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import hyserve_kernels as hk
 import numpy as np
 import pytest
 from fixtures import make_models
 
 from hyserve.model.architectures.base import Architecture, Logits, Segment
+from hyserve.model.architectures.ffn import DenseFfn
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.loader import ARCHITECTURES
 
@@ -151,12 +153,52 @@ def test_memories_a_replay_advances_stay_exact(arch: Architecture) -> None:
 
 def test_a_captured_step_copies_only_the_new_recurrent_states(arch: Architecture) -> None:
     """Everything else a decode step moves is a compute dispatch (a copy ends the compute pass):
-    each recurrent layer's new conv and SSM states are copied into the memory's own buffers,
-    and the Mamba2 scan gathers its per-head constants (A, D, dt bias) into one binding."""
+    each recurrent layer's new conv and SSM states are copied into the memory's own buffers
+    (the Mamba2 scan's per-head constants are packed once per layer, not in every step)."""
     memory = arch.new_memory(64)
     arch.forward([Segment(memory, np.asarray(PROMPT, np.int32), Logits.NONE)])
     for token in (1, 2):  # the second is captured
         arch.forward([Segment(memory, np.asarray([token], np.int32), Logits.ARGMAX, {})])
     plan = arch.step_plans.last_plan
-    per_layer = 5 if type(arch).__name__.lower().startswith("mamba2") else 2
-    assert plan is not None and plan.copies == per_layer * len(memory.recurrent)
+    assert plan is not None and plan.copies == 2 * len(memory.recurrent)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen35", "qwen35moe", "mamba2"])
+def test_a_fast_step_quantizes_activations_in_the_passes_that_make_them(
+    name: str, tmp_path: Path, gpu_fast_backend
+) -> None:
+    """With Q8_0 weights, every matmul input made by a norm or a gated unit is quantized in that
+    unit's own pass (the architectures pass `feeds`): a decode step's only separate Q8
+    quantizations are those of each layer's mixer output (attention's wo, the delta net's or
+    Mamba2's w_out), whose input comes from attention or a scan (MoE experts quantize their own)."""
+    path = make_models.write_model(tmp_path / f"{name}.gguf", name, qtype="q8_0")
+    arch = ARCHITECTURES[name](GGUFFile.open(path), gpu_fast_backend)
+    memory = arch.new_memory(64)
+    arch.forward([Segment(memory, np.asarray(PROMPT, np.int32), Logits.NONE)])
+    with replaying(arch, False):
+        passes = passes_of_step(arch, memory)
+    # llama's layers hold their FFN matrices themselves; the hybrids' are dense or MoE; Mamba2 has none
+    dense_ffns = (
+        len(arch.layers) if name == "llama" else sum(isinstance(getattr(L, "ffn", None), DenseFfn) for L in arch.layers)
+    )
+    assert passes.get("quantize_act_fast") == len(arch.layers), passes
+    assert passes.get("gated_quantize", 0) == dense_ffns, passes
+    fused_norms = passes.get("rms_norm_quantize", 0) + passes.get("add_rms_norm_quantize", 0)
+    assert fused_norms == len(arch.layers) + 1 + dense_ffns, passes  # layer inputs, the output, FFN inputs
+
+
+def passes_of_step(arch: Architecture, memory) -> dict[str, int]:
+    """Compute passes per kernel name of one decode step recorded op by op."""
+    device = arch.ops.device
+    ts = hk.GpuTimestamps(device)
+    if not ts.supported:
+        pytest.skip("the adapter has no timestamp queries")
+    device.flush()
+    ts.start()
+    try:
+        ts.take()
+        arch.forward([Segment(memory, np.asarray([3], np.int32), Logits.LAST)])
+        totals, _ = ts.take()
+    finally:
+        ts.stop()
+    return {kernel: n for kernel, (_, n) in totals.items()}

@@ -12,6 +12,7 @@
 //! submission or a timed dispatch inside the capture) spoils it: `end_capture` then says why, and
 //! the captured step itself still ran correctly.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::{self, ThreadId};
 
@@ -126,6 +127,7 @@ impl Gpu {
         if let Some(capture) = recorder.capture_here() {
             capture.spoil("a replay inside a capture");
         }
+        self.recorded.fetch_add(1, Ordering::Relaxed);
         for command in &plan.commands {
             match command {
                 Command::Dispatch {

@@ -90,6 +90,8 @@ pub struct Gpu {
     pub dummy: wgpu::Buffer,
     /// queue submissions so far (a decode step's count is a test's subject)
     pub(super) submissions: AtomicU64,
+    /// the commands (dispatches, copies, host writes) recorded so far, on any thread
+    pub(super) recorded: AtomicU64,
 }
 
 impl Gpu {
@@ -220,6 +222,7 @@ impl Gpu {
         }
         let p = self.pipeline(k, constants);
         let mut recorder = self.recorder.lock().unwrap();
+        self.recorded.fetch_add(1, Ordering::Relaxed);
         let slot = recorder.params(&self.device, self.uniform_align, params);
         let mut storage = buffers.iter();
         let entries: Vec<wgpu::BindGroupEntry> = k
@@ -312,6 +315,7 @@ impl Gpu {
             return;
         }
         let mut recorder = self.recorder.lock().unwrap();
+        self.recorded.fetch_add(1, Ordering::Relaxed);
         if let Some(capture) = recorder.capture_here() {
             capture.push(Command::Copy {
                 src: src.clone(),
@@ -324,6 +328,12 @@ impl Gpu {
         recorder
             .encoder(&self.device)
             .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
+    }
+
+    /// Commands recorded since the device opened: a result made by the last one is still as that
+    /// command left it while this count has not moved.
+    pub fn recorded(&self) -> u64 {
+        self.recorded.load(Ordering::Relaxed)
     }
 
     /// Queue submissions since the device opened.

@@ -6,13 +6,15 @@
 //! output's order of operations depends on its row alone, so a row's bits never depend on the
 //! batch, the chunking of a prompt or the adapter's thread layout (`Gpu::lanes`). F32 weights take
 //! the activations as they are (act kind 0 is a plain copy), without a quantization pass; the
-//! Q8 kinds are quantized by `quantize_fast.wgsl`, a workgroup per 256 values of a row.
+//! Q8 kinds are quantized by `quantize_fast.wgsl`, a workgroup per 256 values of a row, unless the
+//! pass that made the activations quantized them already (`quantize.rs`).
 //! Mixture-of-experts tensors stay on `matmul.wgsl` in both modes (`moe.rs`).
 
 use bytemuck::bytes_of;
 
 use super::device::{Access, Gpu, GpuBuffer, Kernel};
 use super::ops::{self, groups_wrapped, QuantizedAct};
+use super::quantize;
 use super::weights::GpuWeight;
 use super::Numerics;
 
@@ -36,23 +38,6 @@ static MATMUL_FAST: Kernel = Kernel {
     ],
 };
 
-static QUANTIZE_FAST: Kernel = Kernel {
-    name: "quantize_act_fast",
-    sources: &[
-        include_str!("shaders/math.wgsl"),
-        include_str!("shaders/quantize_fast.wgsl"),
-    ],
-    entry: "main",
-    bindings: &[
-        (0, Read),
-        (1, ReadWrite),
-        (2, ReadWrite),
-        (3, ReadWrite),
-        (4, ReadWrite),
-        (5, Uniform),
-    ],
-};
-
 /// Activation rows per workgroup of matmul_fast.wgsl (its T).
 const TILE: usize = 8;
 
@@ -66,23 +51,40 @@ fn threads(gpu: &Gpu) -> u32 {
     }
 }
 
-/// The activations one kernel reads: quantized for the weight's act kind, or (fast numerics, F32
-/// weights, rows a whole number of sub-blocks long) the input itself.
+/// The activations one kernel reads: quantized for the weight's act kind (here, or by the pass
+/// that made `x`), or (fast numerics, F32 weights, rows a whole number of sub-blocks long) the
+/// input itself.
 enum Acts<'a> {
     Quantized(Box<QuantizedAct>),
+    Ready(&'a QuantizedAct),
     Raw(&'a GpuBuffer),
 }
 
-/// `x` (n × cols) times each weight: n × rows each. The activations are quantized once per act kind.
+impl Acts<'_> {
+    fn quantized(&self) -> &QuantizedAct {
+        match self {
+            Acts::Quantized(q) => q,
+            Acts::Ready(q) => q,
+            Acts::Raw(_) => unreachable!("raw activations are read as they are"),
+        }
+    }
+}
+
+/// `x` (n × cols) times each weight: n × rows each. The activations are quantized once per act
+/// kind; `ready` holds x already quantized for one kind (by the norm that wrote x, say).
 pub fn matmul_many(
     gpu: &Gpu,
     ws: &[&GpuWeight],
     x: &GpuBuffer,
     n: usize,
     cols: usize,
+    ready: Option<&QuantizedAct>,
 ) -> Vec<GpuBuffer> {
     let fast = gpu.numerics() == Numerics::Fast;
     let mut acts: Vec<(u32, Acts)> = Vec::new();
+    if let Some(q) = ready.filter(|q| q.n == n && q.cols == cols) {
+        acts.push((q.kind, Acts::Ready(q)));
+    }
     let mut out = Vec::with_capacity(ws.len());
     for w in ws {
         let kind = ops::act_kind(w.ggml_type);
@@ -92,7 +94,7 @@ pub fn matmul_many(
                 let a = if fast && kind == 0 && cols.is_multiple_of(32) {
                     Acts::Raw(x)
                 } else if fast && kind >= 3 {
-                    Acts::Quantized(Box::new(quantize_fast(gpu, x, n, cols, kind)))
+                    Acts::Quantized(Box::new(quantize::quantize_fast(gpu, x, n, cols, kind)))
                 } else {
                     Acts::Quantized(Box::new(ops::quantize_act(gpu, x, n, cols, kind)))
                 };
@@ -101,41 +103,14 @@ pub fn matmul_many(
             }
         };
         out.push(match (&acts[at].1, fast) {
-            (Acts::Quantized(q), false) => ops::matmul(gpu, w, q),
-            (Acts::Quantized(q), true) => {
-                matmul_fast(gpu, w, n, [q.xq.raw(), q.xd.raw(), q.xs.raw(), q.xh.raw()])
-            }
             (Acts::Raw(x), _) => {
                 matmul_fast(gpu, w, n, [x.raw(), &gpu.dummy, &gpu.dummy, &gpu.dummy])
             }
+            (a, false) => ops::matmul(gpu, w, a.quantized()),
+            (a, true) => matmul_fast(gpu, w, n, a.quantized().raw()),
         });
     }
     out
-}
-
-/// Fast numerics: `x` (n × cols) quantized for act kind 3, 4 or 5 (Q8_0, Q8_1, Q8_K) by
-/// quantize_fast.wgsl, a workgroup per 256 values of a row, in quantize_act's layout.
-fn quantize_fast(gpu: &Gpu, x: &GpuBuffer, n: usize, cols: usize, kind: u32) -> QuantizedAct {
-    let n_sub = cols.div_ceil(32);
-    let (gx, gy) = groups_wrapped(n * n_sub.div_ceil(8));
-    let q = QuantizedAct {
-        kind,
-        n,
-        cols,
-        xq: gpu.alloc((n * n_sub * 32 * 4) as u64),
-        xd: gpu.alloc((n * n_sub * 4) as u64),
-        xs: gpu.alloc((n * n_sub * 4) as u64),
-        xh: gpu.alloc((n * n_sub * 4) as u64),
-    };
-    let p = [n as u32, cols as u32, n_sub as u32, gx];
-    gpu.dispatch(
-        &QUANTIZE_FAST,
-        &[("ACT", kind)],
-        &[x.raw(), q.xq.raw(), q.xd.raw(), q.xs.raw(), q.xh.raw()],
-        bytes_of(&p),
-        [gx, gy, 1],
-    );
-    q
 }
 
 /// Fast numerics: the activations (quants, scales and sums per sub-block, as quantize_act writes

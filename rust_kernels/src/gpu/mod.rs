@@ -34,6 +34,7 @@ pub mod numerics;
 pub mod open;
 pub mod ops;
 pub mod profile;
+pub mod quantize;
 pub mod recorder;
 pub mod recurrent;
 pub mod transfer;

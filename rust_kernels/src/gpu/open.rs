@@ -72,6 +72,7 @@ impl Gpu {
             constants: Mutex::new(HashMap::new()),
             dummy,
             submissions: Default::default(),
+            recorded: Default::default(),
         };
         gpu.fused_fma = gpu.probe_fused_fma();
         // each feature is probed with only itself on; the probes' pipelines are never used again

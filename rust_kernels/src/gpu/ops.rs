@@ -1,10 +1,13 @@
 //! One function per operation: each records its dispatches into the pending encoder and returns.
 //! Tensors are f32 (or i32 ids/positions) in row-major order; shapes are checked by the callers.
 
+use std::sync::Arc;
+
 use bytemuck::{bytes_of, Pod, Zeroable};
 
 use super::device::{Access, Gpu, GpuBuffer, Kernel};
 use super::weights::GpuWeight;
+use super::Numerics;
 
 const QUANT: &str = include_str!("shaders/quant.wgsl");
 
@@ -45,15 +48,21 @@ static GET_ROWS: Kernel = Kernel {
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
 };
 const NORM: &str = include_str!("shaders/norm.wgsl");
+const NORM_IO: &str = include_str!("shaders/norm_io.wgsl");
+const NORM_ADD_IO: &str = include_str!("shaders/norm_add_io.wgsl");
+const NORM_END: &str = include_str!("shaders/norm_end.wgsl");
+const NORM_QUANTIZE_END: &str = include_str!("shaders/norm_quantize_end.wgsl");
+pub(crate) const ACTIVATIONS: &str = include_str!("shaders/activations.wgsl");
+pub(crate) const QUANTIZE_FAST_CORE: &str = include_str!("shaders/quantize_fast_core.wgsl");
 static RMS_NORM: Kernel = Kernel {
     name: "rms_norm",
-    sources: &[MATH, include_str!("shaders/norm_io.wgsl"), NORM],
+    sources: &[MATH, NORM_IO, NORM_END, NORM],
     entry: "main",
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
 };
 static ADD_RMS_NORM: Kernel = Kernel {
     name: "add_rms_norm",
-    sources: &[MATH, include_str!("shaders/norm_add_io.wgsl"), NORM],
+    sources: &[MATH, NORM_ADD_IO, NORM_END, NORM],
     entry: "main",
     bindings: &[
         (0, ReadWrite),
@@ -61,6 +70,44 @@ static ADD_RMS_NORM: Kernel = Kernel {
         (2, ReadWrite),
         (3, Uniform),
         (4, Read),
+    ],
+};
+/// The norms that also quantize their rows for the matmul they feed (fast numerics).
+static RMS_NORM_QUANTIZE: Kernel = Kernel {
+    name: "rms_norm_quantize",
+    sources: &[MATH, NORM_IO, QUANTIZE_FAST_CORE, NORM_QUANTIZE_END, NORM],
+    entry: "main",
+    bindings: &[
+        (0, Read),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (5, ReadWrite),
+        (6, ReadWrite),
+        (7, ReadWrite),
+        (8, ReadWrite),
+    ],
+};
+static ADD_RMS_NORM_QUANTIZE: Kernel = Kernel {
+    name: "add_rms_norm_quantize",
+    sources: &[
+        MATH,
+        NORM_ADD_IO,
+        QUANTIZE_FAST_CORE,
+        NORM_QUANTIZE_END,
+        NORM,
+    ],
+    entry: "main",
+    bindings: &[
+        (0, ReadWrite),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (4, Read),
+        (5, ReadWrite),
+        (6, ReadWrite),
+        (7, ReadWrite),
+        (8, ReadWrite),
     ],
 };
 pub(crate) const MATH: &str = include_str!("shaders/math.wgsl");
@@ -72,7 +119,7 @@ static ROPE: Kernel = Kernel {
 };
 static ELEMENTWISE: Kernel = Kernel {
     name: "elementwise",
-    sources: &[MATH, include_str!("shaders/elementwise.wgsl")],
+    sources: &[MATH, ACTIVATIONS, include_str!("shaders/elementwise.wgsl")],
     entry: "main",
     bindings: &[
         (0, ReadWrite),
@@ -146,25 +193,38 @@ pub struct QuantizedAct {
     pub(crate) xh: GpuBuffer,
 }
 
+impl QuantizedAct {
+    /// Room for `x` (n × cols) quantized for act kind `kind`.
+    pub(crate) fn alloc(gpu: &Gpu, n: usize, cols: usize, kind: u32) -> Self {
+        let n_sub = cols.div_ceil(32);
+        QuantizedAct {
+            kind,
+            n,
+            cols,
+            xq: gpu.alloc((n * n_sub * 32 * 4) as u64),
+            xd: gpu.alloc((n * n_sub * 4) as u64),
+            xs: gpu.alloc((n * n_sub * 4) as u64),
+            xh: gpu.alloc((n * n_sub * 4) as u64),
+        }
+    }
+
+    pub(crate) fn raw(&self) -> [&wgpu::Buffer; 4] {
+        [self.xq.raw(), self.xd.raw(), self.xs.raw(), self.xh.raw()]
+    }
+}
+
 /// Quantizes `x` (n × cols) for weights whose act kind is `kind`.
 pub fn quantize_act(gpu: &Gpu, x: &GpuBuffer, n: usize, cols: usize, kind: u32) -> QuantizedAct {
     let n_sub = cols.div_ceil(32);
     let per = if kind == 5 { 8 } else { 1 };
     let (gx, gy) = groups_1d(n * n_sub.div_ceil(per));
-    let q = QuantizedAct {
-        kind,
-        n,
-        cols,
-        xq: gpu.alloc((n * n_sub * 32 * 4) as u64),
-        xd: gpu.alloc((n * n_sub * 4) as u64),
-        xs: gpu.alloc((n * n_sub * 4) as u64),
-        xh: gpu.alloc((n * n_sub * 4) as u64),
-    };
+    let q = QuantizedAct::alloc(gpu, n, cols, kind);
     let p = [n as u32, cols as u32, n_sub as u32, gx];
+    let [xq, xd, xs, xh] = q.raw();
     gpu.dispatch(
         &QUANTIZE_ACT,
         &[("ACT", kind)],
-        &[x.raw(), q.xq.raw(), q.xd.raw(), q.xs.raw(), q.xh.raw()],
+        &[x.raw(), xq, xd, xs, xh],
         bytes_of(&p),
         [gx, gy, 1],
     );
@@ -251,6 +311,8 @@ pub struct NormRows {
 
 /// RMSNorm of `rows` rows of `n` elements, times `weight` (length n) when given; with `add`,
 /// of x + add, which is written to x first (a residual stream and the norm after it, one pass).
+/// With `quantize` (fast numerics, contiguous rows), the same pass also quantizes the result for
+/// that act kind, as `matvec::matmul_many` would before its matmuls: the same bits, one pass less.
 pub fn rms_norm(
     gpu: &Gpu,
     x: &GpuBuffer,
@@ -258,7 +320,8 @@ pub fn rms_norm(
     rows: NormRows,
     weight: Option<&GpuBuffer>,
     eps: f32,
-) -> GpuBuffer {
+    quantize: Option<u32>,
+) -> (GpuBuffer, Option<QuantizedAct>) {
     let out = gpu.alloc((rows.rows * rows.n * 4) as u64);
     let (gx, gy) = groups_wrapped(rows.rows);
     let p = params8([
@@ -272,23 +335,27 @@ pub fn rms_norm(
         0,
     ]);
     let w = weight.map_or(&gpu.dummy, GpuBuffer::raw);
-    match add {
-        None => gpu.dispatch(
-            &RMS_NORM,
-            &[],
-            &[x.raw(), w, out.raw()],
-            bytes_of(&p),
-            [gx, gy, 1],
-        ),
-        Some(a) => gpu.dispatch(
-            &ADD_RMS_NORM,
-            &[],
-            &[x.raw(), w, out.raw(), a.raw()],
-            bytes_of(&p),
-            [gx, gy, 1],
-        ),
+    let q = quantize.map(|kind| {
+        assert!(
+            gpu.numerics() == Numerics::Fast && (3..=5).contains(&kind) && rows.per_row == 1,
+            "a norm quantizes its contiguous rows for a Q8 act kind in fast numerics"
+        );
+        QuantizedAct::alloc(gpu, rows.rows, rows.n, kind)
+    });
+    let mut buffers = vec![x.raw(), w, out.raw()];
+    buffers.extend(add.map(GpuBuffer::raw));
+    if let Some(q) = &q {
+        buffers.extend(q.raw());
     }
-    out
+    let kernel = match (add.is_some(), q.is_some()) {
+        (false, false) => &RMS_NORM,
+        (true, false) => &ADD_RMS_NORM,
+        (false, true) => &RMS_NORM_QUANTIZE,
+        (true, true) => &ADD_RMS_NORM_QUANTIZE,
+    };
+    let act = q.as_ref().map(|q| ("ACT", q.kind));
+    gpu.dispatch(kernel, act.as_slice(), &buffers, bytes_of(&p), [gx, gy, 1]);
+    (out, q)
 }
 
 /// Rotary embedding settings (see rope.wgsl).
@@ -356,9 +423,7 @@ pub fn elementwise(
         b.map_or(&gpu.dummy, GpuBuffer::raw),
     );
     let table = match op {
-        Elementwise::Geglu => Some(gpu.constant("gelu_table", || {
-            bytemuck::cast_slice(crate::ops::gelu_table()).to_vec()
-        })),
+        Elementwise::Geglu => Some(gelu_table(gpu)),
         _ => None,
     };
     let table_raw = table.as_deref().map_or(&gpu.dummy, GpuBuffer::raw);
@@ -369,6 +434,13 @@ pub fn elementwise(
         bytes_of(&p),
         [gx, gy, 1],
     );
+}
+
+/// ggml's GELU table (activations.wgsl), uploaded once per device.
+pub(crate) fn gelu_table(gpu: &Gpu) -> Arc<GpuBuffer> {
+    gpu.constant("gelu_table", || {
+        bytemuck::cast_slice(crate::ops::gelu_table()).to_vec()
+    })
 }
 
 /// Where `copy` reads and writes: rows `ids` (or 0..rows) of `src`, columns src_col0.., into

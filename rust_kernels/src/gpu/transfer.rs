@@ -29,6 +29,8 @@ impl Gpu {
 
     /// Writes host bytes into a live buffer at `offset`, after all work recorded so far.
     pub fn write(&self, dst: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        self.recorded
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(capture) = self.recorder.lock().unwrap().capture_here() {
             capture.spoil("a host write inside the forward");
         }

@@ -3,7 +3,7 @@
 //   4 dst = gelu(a) * b (GEGLU)        5 dst = silu(a) * b (SwiGLU)
 //   6 dst = s * tanh(dst / s) (soft cap)                    7 dst = silu(dst)
 //   8 dst = silu(a) * dst (a gated output; the bits of dst *= silu(a), without silu(a)'s copy)
-// Needs math.wgsl.
+// Needs math.wgsl and activations.wgsl (GELU's table at binding 4, SiLU).
 
 override OP: u32 = 0u;
 
@@ -18,25 +18,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
-// OP 4: ggml's GELU table, the CPU kernel's own (65536 f16 values as f32, by f16 bit pattern)
-@group(0) @binding(4) var<storage, read> gelu_table: array<f32>;
-
-// ggml's CPU GELU: the tanh approximation looked up at the input rounded to f16, stored as f16;
-// the identity past 10, zero below -10. The table comes from the host: a shader's tanh differs.
-fn gelu(x: f32) -> f32 {
-    if x <= -10.0 {
-        return 0.0;
-    }
-    if x >= 10.0 {
-        return x;
-    }
-    return gelu_table[f16_bits(x)];
-}
-
-fn silu(x: f32) -> f32 {
-    return div_rn(x, 1.0 + expf_ggml(-x));
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     let i = g.x + g.y * p.groups_x * 64u;

@@ -4,6 +4,8 @@
 // as the q and k heads at the start of a delta-net layer's convolution output); y is contiguous.
 // The input x and `take_x` come from norm_io.wgsl (read only) or norm_add_io.wgsl (the residual
 // norm: x += a, written back, then normalised: one pass instead of an add and a norm).
+// `after_norm` comes from norm_end.wgsl (nothing) or norm_quantize_end.wgsl (the row just written
+// quantized for the matmul it feeds: one pass instead of a norm and a quantization).
 //
 // The CPU (as ggml) squares in f32 and sums the squares in f64, which shaders lack. Here each
 // square is added exactly into a 320-bit fixed-point integer (unit 2^-149, the least f32), the
@@ -184,4 +186,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         y[row * p.n + i] = v;
     }
+    after_norm(row, lid);
 }

@@ -9,8 +9,9 @@ use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-use super::tensor::{Dtype, GpuMatrix, GpuTensor, HostIds};
-use crate::gpu::{adapter, AdapterChoice, Gpu, GpuBuffer, GpuWeight, Numerics};
+use super::tensor::{Dtype, FreshActs, GpuMatrix, GpuTensor, HostIds};
+use crate::gpu::ops::QuantizedAct;
+use crate::gpu::{adapter, quantize, AdapterChoice, Gpu, GpuBuffer, GpuWeight, Numerics};
 use crate::py::common::value_error;
 use crate::py::matmul::QMatrix;
 
@@ -31,6 +32,33 @@ impl GpuDevice {
     pub(super) fn tensor_of(&self, buf: GpuBuffer, shape: Vec<usize>) -> GpuTensor {
         GpuTensor::new(buf, Dtype::F32, shape)
     }
+    /// The Q8 act kind (fast numerics) that a pass making rows of `cols` values should quantize
+    /// them for, given the matrices they feed (`feeds`, a hint); None when there is none to make.
+    pub(super) fn q8_kind_feeding(
+        &self,
+        feeds: &Option<Vec<PyRef<'_, GpuMatrix>>>,
+        cols: usize,
+    ) -> Option<u32> {
+        let feeds = feeds.as_ref()?;
+        if feeds.iter().any(|w| w.cols != cols) {
+            return None;
+        }
+        let types: Vec<u32> = feeds.iter().map(|w| w.w.ggml_type).collect();
+        quantize::q8_kind_fed(&self.gpu, &types)
+    }
+
+    /// `t` with the quants the pass that wrote it made (valid until the device records anything
+    /// else: `FreshActs`).
+    pub(super) fn with_acts(&self, mut t: GpuTensor, q: Option<QuantizedAct>) -> GpuTensor {
+        t.acts = q.map(|act| {
+            Arc::new(FreshActs {
+                at: self.gpu.recorded(),
+                act,
+            })
+        });
+        t
+    }
+
     pub(super) fn check(&self, t: &GpuTensor, dtype: Dtype, what: &str) -> PyResult<()> {
         if t.dtype != dtype {
             return Err(value_error(format!(

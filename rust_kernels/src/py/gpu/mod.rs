@@ -2,8 +2,9 @@
 //! The Python side (`hyserve.model.backend.gpu`) wraps these in the same interface as the CPU ops.
 //!
 //! `GpuDevice`'s methods come in one `#[pymethods]` block per domain (PyO3's `multiple-pymethods`):
-//! `device` (opening, uploads, read-backs), `ops` (matmul, norms, RoPE, element-wise, copies) and
-//! `attention` (K/V caches), `capture` (captured forwards and their replays); `tensor` holds the classes the device hands out. `recurrent` has the
+//! `device` (opening, uploads, read-backs), `ops` (matmul, RoPE, element-wise, copies), `norms`
+//! (RMSNorms), `attention` (K/V caches), `capture` (captured forwards and their replays); `tensor`
+//! holds the classes the device hands out. `recurrent` has the
 //! recurrent architectures' ops (functions of a device), `moe` the MoE FFN, `timing` the
 //! per-dispatch timestamp queries.
 
@@ -11,6 +12,7 @@ mod attention;
 mod capture;
 pub(crate) mod device;
 pub(crate) mod moe;
+mod norms;
 mod ops;
 pub(crate) mod recurrent;
 pub(crate) mod tensor;

@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 
 use super::device::GpuDevice;
 use super::tensor::{Dtype, GpuMatrix, GpuTensor, RopeKey};
-use crate::gpu::ops::{self, CopySpec, Elementwise, NormRows, Rope};
-use crate::gpu::{matvec, GpuBuffer, GpuWeight};
+use crate::gpu::ops::{self, CopySpec, Elementwise, Rope};
+use crate::gpu::{matvec, quantize, GpuBuffer, GpuWeight};
 use crate::py::common::value_error;
 
 /// A RoPE table's values: (cos, sin) of every rotated pair at each position.
@@ -82,12 +82,26 @@ impl GpuDevice {
         );
         Ok(())
     }
-    fn gated(&self, op: Elementwise, gate: &GpuTensor, up: &GpuTensor) -> PyResult<GpuTensor> {
+    /// A gated unit; told the matrices it feeds (`feeds`), it may quantize its result for them in
+    /// the same pass (fast numerics), as a norm does (`norms`): the same values either way.
+    fn gated(
+        &self,
+        op: Elementwise,
+        gate: &GpuTensor,
+        up: &GpuTensor,
+        feeds: Option<Vec<PyRef<'_, GpuMatrix>>>,
+    ) -> PyResult<GpuTensor> {
         if gate.shape != up.shape {
             return Err(value_error(format!(
                 "{op:?}: shapes {:?} and {:?} differ",
                 gate.shape, up.shape
             )));
+        }
+        let (n, cols) = gate.rows_cols();
+        if let Some(kind) = self.q8_kind_feeding(&feeds, cols) {
+            let (out, q) =
+                quantize::gated_quantize(&self.gpu, op, &gate.buf, &up.buf, n, cols, kind);
+            return Ok(self.with_acts(self.tensor_of(out, gate.shape.clone()), Some(q)));
         }
         let out = self.gpu.alloc((gate.size() * 4) as u64);
         ops::elementwise(
@@ -126,11 +140,14 @@ impl GpuDevice {
             )));
         }
         let weights: Vec<&GpuWeight> = ws.iter().map(|w| &w.w).collect();
-        Ok(matvec::matmul_many(&self.gpu, &weights, &x.buf, n, cols)
-            .into_iter()
-            .zip(&ws)
-            .map(|(out, w)| self.tensor_of(out, vec![n, w.rows]))
-            .collect())
+        let ready = x.acts.as_ref().and_then(|a| a.current(&self.gpu));
+        Ok(
+            matvec::matmul_many(&self.gpu, &weights, &x.buf, n, cols, ready)
+                .into_iter()
+                .zip(&ws)
+                .map(|(out, w)| self.tensor_of(out, vec![n, w.rows]))
+                .collect(),
+        )
     }
 
     /// Dequantized rows `ids` of the weight: n × cols.
@@ -138,85 +155,6 @@ impl GpuDevice {
         self.check(&ids, Dtype::I32, "get_rows' ids")?;
         let n = ids.size();
         Ok(self.tensor_of(ops::get_rows(&self.gpu, &w.w, &ids.buf, n), vec![n, w.cols]))
-    }
-
-    /// RMSNorm over groups of `n` consecutive values (n = the weight's length when given). With
-    /// `width`, only the first `width` columns of each row of a 2-D `x` (groups of n side by side)
-    /// are normalised, into a rows × width tensor: no copy of those columns first.
-    #[pyo3(signature = (x, weight, eps, n=None, width=None))]
-    fn rms_norm(
-        &self,
-        x: PyRef<'_, GpuTensor>,
-        weight: Option<PyRef<'_, GpuTensor>>,
-        eps: f32,
-        n: Option<usize>,
-        width: Option<usize>,
-    ) -> PyResult<GpuTensor> {
-        let n = n
-            .or(weight.as_ref().map(|w| w.size()))
-            .unwrap_or(*x.shape.last().unwrap_or(&1));
-        let (rows, shape) = match width {
-            None => (whole_rows(&x, n, "rms_norm")?, x.shape.clone()),
-            Some(width) => {
-                group_size(n, "rms_norm")?;
-                let (x_rows, cols) = x.rows_cols();
-                if x.shape.len() != 2 || width == 0 || width > cols || !width.is_multiple_of(n) {
-                    return Err(value_error(format!(
-                        "rms_norm: the first {width} columns of {:?} in groups of {n}",
-                        x.shape
-                    )));
-                }
-                let per_row = width / n;
-                let rows = NormRows {
-                    rows: x_rows * per_row,
-                    n,
-                    per_row,
-                    x_stride: cols,
-                };
-                (rows, vec![x_rows, width])
-            }
-        };
-        if let Some(w) = &weight {
-            if w.size() != n {
-                return Err(value_error(format!(
-                    "rms_norm: a weight of {} values for groups of {n}",
-                    w.size()
-                )));
-            }
-        }
-        let weight = weight.as_ref().map(|w| &*w.buf);
-        let out = ops::rms_norm(&self.gpu, &x.buf, None, rows, weight, eps);
-        Ok(self.tensor_of(out, shape))
-    }
-
-    /// x += a, then the RMSNorm of each row of x times `weight` (the row length), in one pass: a
-    /// residual add and the norm after it, the bits of `add` then `rms_norm`.
-    fn add_rms_norm(
-        &self,
-        x: PyRef<'_, GpuTensor>,
-        a: PyRef<'_, GpuTensor>,
-        weight: PyRef<'_, GpuTensor>,
-        eps: f32,
-    ) -> PyResult<GpuTensor> {
-        let rows = whole_rows(&x, weight.size(), "add_rms_norm")?;
-        if a.size() != x.size() {
-            return Err(value_error(format!(
-                "add_rms_norm: {:?} + {:?}",
-                x.shape, a.shape
-            )));
-        }
-        if Arc::ptr_eq(&x.buf, &a.buf) {
-            return Err(value_error("add_rms_norm: x and a are the same tensor"));
-        }
-        let out = ops::rms_norm(
-            &self.gpu,
-            &x.buf,
-            Some(&a.buf),
-            rows,
-            Some(&weight.buf),
-            eps,
-        );
-        Ok(self.tensor_of(out, x.shape.clone()))
     }
 
     /// RoPE in place; x is rows × (n_head·head_dim), positions one i32 per row.
@@ -300,13 +238,25 @@ impl GpuDevice {
     }
 
     /// gelu(gate) · up
-    fn geglu(&self, gate: PyRef<'_, GpuTensor>, up: PyRef<'_, GpuTensor>) -> PyResult<GpuTensor> {
-        self.gated(Elementwise::Geglu, &gate, &up)
+    #[pyo3(signature = (gate, up, feeds=None))]
+    fn geglu(
+        &self,
+        gate: PyRef<'_, GpuTensor>,
+        up: PyRef<'_, GpuTensor>,
+        feeds: Option<Vec<PyRef<'_, GpuMatrix>>>,
+    ) -> PyResult<GpuTensor> {
+        self.gated(Elementwise::Geglu, &gate, &up, feeds)
     }
 
     /// silu(gate) · up
-    fn swiglu(&self, gate: PyRef<'_, GpuTensor>, up: PyRef<'_, GpuTensor>) -> PyResult<GpuTensor> {
-        self.gated(Elementwise::Swiglu, &gate, &up)
+    #[pyo3(signature = (gate, up, feeds=None))]
+    fn swiglu(
+        &self,
+        gate: PyRef<'_, GpuTensor>,
+        up: PyRef<'_, GpuTensor>,
+        feeds: Option<Vec<PyRef<'_, GpuMatrix>>>,
+    ) -> PyResult<GpuTensor> {
+        self.gated(Elementwise::Swiglu, &gate, &up, feeds)
     }
 
     /// Rows `ids` (i32, one per output row) of a 2-D tensor.
@@ -361,31 +311,4 @@ impl GpuDevice {
         ops::copy(&self.gpu, &x.buf, None, &out, &spec);
         Ok(self.tensor_of(out, vec![rows, width]))
     }
-}
-
-/// Checks a norm's group size: norm.wgsl divides the exact sum by n in 16-bit steps.
-fn group_size(n: usize, what: &str) -> PyResult<()> {
-    if n == 0 || n >= 1 << 16 {
-        return Err(value_error(format!(
-            "{what}: groups of {n} elements (1 to 65535 on the GPU)"
-        )));
-    }
-    Ok(())
-}
-
-/// The rows of a norm over consecutive groups of `n` values of `x`, or why there are none.
-fn whole_rows(x: &GpuTensor, n: usize, what: &str) -> PyResult<NormRows> {
-    group_size(n, what)?;
-    if !x.size().is_multiple_of(n) {
-        return Err(value_error(format!(
-            "{what}: {:?} is not rows of {n}",
-            x.shape
-        )));
-    }
-    Ok(NormRows {
-        rows: x.size() / n,
-        n,
-        per_row: 1,
-        x_stride: n,
-    })
 }

@@ -183,35 +183,34 @@ fn gpu_delta_rule(
     Ok(f32_tensor(out, vec![n, nv, dv]))
 }
 
-/// The Mamba2 scan with D skip: x (n × H·P), dt (n × H), a, d, dt_bias (H), b, c (n × G·N),
-/// states H × P × N. Returns n × H × P; the new state goes to state_out.
+/// The Mamba2 scan with D skip: x (n × H·P), dt (n × H), heads = [A | D | dt_bias] (3·H, the
+/// per-head constants in one binding: the kernel has eight storage bindings; the caller packs
+/// them once per layer), b, c (n × G·N), states H × P × N. Returns n × H × P; the new state goes
+/// to state_out.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn gpu_mamba2_scan(
     dev: PyRef<'_, GpuDevice>,
     x: PyRef<'_, GpuTensor>,
     dt: PyRef<'_, GpuTensor>,
-    a: PyRef<'_, GpuTensor>,
+    heads: PyRef<'_, GpuTensor>,
     b: PyRef<'_, GpuTensor>,
     c: PyRef<'_, GpuTensor>,
-    d: PyRef<'_, GpuTensor>,
-    dt_bias: PyRef<'_, GpuTensor>,
     state_in: PyRef<'_, GpuTensor>,
     state_out: PyRef<'_, GpuTensor>,
     n_groups: usize,
 ) -> PyResult<GpuTensor> {
     check_f32(
-        &[&x, &dt, &a, &b, &c, &d, &dt_bias, &state_in, &state_out],
+        &[&x, &dt, &heads, &b, &c, &state_in, &state_out],
         "mamba2_scan",
     )?;
-    let nh = a.size();
-    if n_groups == 0 || !nh.is_multiple_of(n_groups) {
+    let nh = heads.size() / 3;
+    if n_groups == 0 || nh == 0 || heads.size() != 3 * nh || !nh.is_multiple_of(n_groups) {
         return Err(value_error(format!(
-            "mamba2_scan: {nh} heads in {n_groups} groups"
+            "mamba2_scan: {} per-head values (A, D, dt_bias) in {n_groups} groups",
+            heads.size()
         )));
     }
-    same_size(&d, &a, "mamba2_scan (D, A)")?;
-    same_size(&dt_bias, &a, "mamba2_scan (dt_bias, A)")?;
     let n = rows_of(&dt, nh, "mamba2_scan (dt per head)")?;
     if n == 0 {
         ops_copy(&dev, &state_in, &state_out);
@@ -226,18 +225,7 @@ fn gpu_mamba2_scan(
     }
     same_size(&c, &b, "mamba2_scan (C, B)")?;
     state_pair(&state_in, &state_out, nh * p * ns, "mamba2_scan")?;
-    // the per-head values in one binding (A, D, dt_bias): the kernel's eight storage bindings
     let gpu = &dev.gpu;
-    let heads = gpu.alloc((3 * nh * 4) as u64);
-    for (i, t) in [&a, &d, &dt_bias].iter().enumerate() {
-        gpu.copy(
-            t.buf.raw(),
-            0,
-            heads.raw(),
-            (i * nh * 4) as u64,
-            (nh * 4) as u64,
-        );
-    }
     let s = Mamba2 {
         n,
         n_heads: nh,
@@ -251,7 +239,7 @@ fn gpu_mamba2_scan(
         &dt.buf,
         &b.buf,
         &c.buf,
-        &heads,
+        &heads.buf,
         &state_in.buf,
         &state_out.buf,
         &s,

@@ -8,7 +8,8 @@ use numpy::PyArrayDyn;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::gpu::{GpuBuffer, GpuWeight};
+use crate::gpu::ops::QuantizedAct;
+use crate::gpu::{Gpu, GpuBuffer, GpuWeight};
 use crate::py::common::value_error;
 
 /// f32 values, or i32 ids/positions (both 4 bytes a value).
@@ -28,6 +29,23 @@ pub struct GpuTensor {
     /// positions uploaded by `ids`: their host values and the RoPE cos/sin tables built from them
     /// (every layer with the same RoPE settings reuses one)
     pub(crate) host_ids: Option<Arc<HostIds>>,
+    /// the values quantized for a matmul by the pass that wrote them (see `FreshActs`)
+    pub(crate) acts: Option<Arc<FreshActs>>,
+}
+
+/// A tensor's values quantized for a matmul by the pass that wrote them (a norm told what it
+/// feeds). They describe the values only while the device has recorded nothing since that pass
+/// (`Gpu::recorded` still `at`): no later command can have written the tensor in between.
+pub(crate) struct FreshActs {
+    pub(crate) at: u64,
+    pub(crate) act: QuantizedAct,
+}
+
+impl FreshActs {
+    /// The quants, if still valid on `gpu`.
+    pub(crate) fn current(&self, gpu: &Gpu) -> Option<&QuantizedAct> {
+        (gpu.recorded() == self.at).then_some(&self.act)
+    }
 }
 
 pub(crate) struct HostIds {
@@ -52,6 +70,7 @@ impl GpuTensor {
             dtype,
             shape,
             host_ids: None,
+            acts: None,
         }
     }
 }
@@ -93,6 +112,7 @@ impl GpuTensor {
             dtype: self.dtype,
             shape,
             host_ids: self.host_ids.clone(),
+            acts: self.acts.clone(),
         })
     }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,19 +53,32 @@ def attend(
     return out
 
 
-def next_input_norm(layers: Sequence[Any], il: int, name: str = "attn_norm") -> Tensor | None:
-    """The input norm (attribute `name`) of the layer after layer `il`, or None after the last."""
-    return getattr(layers[il + 1], name) if il + 1 < len(layers) else None
+class InputNorm(NamedTuple):
+    """A sub-layer's input norm and the matrices its input goes into first (the norm's `feeds`)."""
+
+    weight: Tensor
+    feeds: Sequence[Matrix]
 
 
-def add_and_norm(ops: Backend, h: Tensor, y: Tensor, norm: Tensor | None, eps: float) -> Tensor | None:
+def next_input_norm(layers: Sequence[Any], il: int) -> InputNorm | None:
+    """The input norm of the layer after layer `il` (its `input_norm`), or None after the last."""
+    return layers[il + 1].input_norm if il + 1 < len(layers) else None
+
+
+def first_input_norm(ops: Backend, h: Tensor, layers: Sequence[Any], eps: float) -> Tensor:
+    """The first layer's input norm of the embeddings `h`."""
+    norm: InputNorm = layers[0].input_norm
+    return ops.rms_norm(h, norm.weight, eps, feeds=norm.feeds)
+
+
+def add_and_norm(ops: Backend, h: Tensor, y: Tensor, norm: InputNorm | None, eps: float) -> Tensor | None:
     """h += y (the residual stream), and the RMSNorm of the new h with `norm` (the next sub-layer's
     input) in the same pass on a device; with no norm (after the last layer, whose norm is the
     output's, taken on the rows asked for) the add alone."""
     if norm is None:
         ops.add_(h, y)
         return None
-    return ops.add_rms_norm(h, y, norm, eps)
+    return ops.add_rms_norm(h, y, norm.weight, eps, feeds=norm.feeds)
 
 
 def advance(segments: Sequence[Segment]) -> None:
@@ -91,7 +104,7 @@ def output_logits(
     if len(wanted) == 0:
         read_back(ops, segments)
         return split_logits(segments, spans, np.empty((0, output.rows), np.float32))
-    logits = ops.matmul(output, ops.rms_norm(ops.take_rows(h, wanted), norm, eps))
+    logits = ops.matmul(output, ops.rms_norm(ops.take_rows(h, wanted), norm, eps, feeds=(output,)))
     if softcap:
         logits = ops.softcap(logits, softcap)
     if greedy_only(segments):  # one number per row comes back instead of the vocabulary's logits

@@ -16,6 +16,11 @@ from hyserve.model.weights import WeightLoader
 
 
 class Ffn(Protocol):
+    @property
+    def inputs(self) -> tuple[Matrix, ...]:
+        """The matrices the FFN's input goes into (a norm's `feeds`)."""
+        ...
+
     def __call__(self, x: np.ndarray, cancel: hk.CancelFlag | None = None) -> np.ndarray: ...
 
 
@@ -28,10 +33,14 @@ class DenseFfn:
     w_down: Matrix
     ops: Backend = CPU
 
+    @property
+    def inputs(self) -> tuple[Matrix, ...]:
+        return (self.w_gate, self.w_up)
+
     def __call__(self, x: Tensor, cancel: hk.CancelFlag | None = None) -> Tensor:
         ops = self.ops
-        gate, up = ops.matmul_many([self.w_gate, self.w_up], x, cancel)
-        return ops.matmul(self.w_down, ops.swiglu(gate, up), cancel)
+        gate, up = ops.matmul_many(self.inputs, x, cancel)
+        return ops.matmul(self.w_down, ops.swiglu(gate, up, feeds=(self.w_down,)), cancel)
 
 
 def load_dense(w: WeightLoader, prefix: str) -> DenseFfn:
@@ -49,6 +58,8 @@ class MoeBlock:
 
     backend: Backend
     moe: Any
+    # the experts quantize their own inputs (the backend's moe_ffn): nothing for a norm to do
+    inputs: tuple[Matrix, ...] = ()
 
     def __call__(self, x: Tensor, cancel: hk.CancelFlag | None = None) -> Tensor:
         return self.backend.moe_ffn(self.moe, x, cancel)

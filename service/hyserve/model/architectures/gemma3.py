@@ -20,9 +20,11 @@ from hyserve.model.architectures.base import (
     segment_rows,
 )
 from hyserve.model.architectures.common import (
+    InputNorm,
     add_and_norm,
     advance,
     attend,
+    first_input_norm,
     inv_sqrt_f32,
     next_input_norm,
     output_logits,
@@ -53,6 +55,10 @@ class _Layer:
     window: int  # 0 for global layers
     rope_base: float
     rope_scale: float
+
+    @property
+    def input_norm(self) -> InputNorm:
+        return InputNorm(self.attn_norm, (self.wq, self.wk, self.wv))
 
 
 class Gemma3(Architecture):
@@ -125,7 +131,7 @@ class Gemma3(Architecture):
         pos = ops.ids(positions, "positions")
         h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
         ops.scale_(h, self.embd_scale)
-        x = ops.rms_norm(h, self.layers[0].attn_norm, eps)
+        x = first_input_norm(ops, h, self.layers, eps)
         for il, L in enumerate(self.layers):
             check_cancel(cancel)
             q, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
@@ -133,9 +139,10 @@ class Gemma3(Architecture):
             k = ops.rope(ops.rms_norm(k, L.k_norm, eps), self.n_kv, pos, hd, L.rope_base, L.rope_scale, True)
             ops.scale_(q, self.q_scale)
             a = attend(ops, segments, spans, il, q, k, v, pos, L.window)
-            x = ops.add_rms_norm(h, ops.rms_norm(ops.matmul(L.wo, a), L.post_attn_norm, eps), L.ffn_norm, eps)
+            y = ops.rms_norm(ops.matmul(L.wo, a), L.post_attn_norm, eps)
+            x = ops.add_rms_norm(h, y, L.ffn_norm, eps, feeds=(L.w_gate, L.w_up))
             gate, up = ops.matmul_many([L.w_gate, L.w_up], x, cancel)
-            y = ops.rms_norm(ops.matmul(L.w_down, ops.geglu(gate, up)), L.post_ffn_norm, eps)
+            y = ops.rms_norm(ops.matmul(L.w_down, ops.geglu(gate, up, feeds=(L.w_down,))), L.post_ffn_norm, eps)
             x = add_and_norm(ops, h, y, next_input_norm(self.layers, il), eps)
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, eps, self.softcap)

@@ -18,9 +18,11 @@ from hyserve.model.architectures.base import (
     segment_rows,
 )
 from hyserve.model.architectures.common import (
+    InputNorm,
     add_and_norm,
     advance,
     attend,
+    first_input_norm,
     inv_sqrt_f32,
     next_input_norm,
     output_logits,
@@ -47,6 +49,10 @@ class _Layer:
     w_gate: Matrix
     w_up: Matrix
     w_down: Matrix
+
+    @property
+    def input_norm(self) -> InputNorm:
+        return InputNorm(self.attn_norm, (self.wq, self.wk, self.wv))
 
 
 class Llama(Architecture):
@@ -114,7 +120,7 @@ class Llama(Architecture):
         eps = self.eps
         pos = ops.ids(positions, "positions")
         h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
-        x = ops.rms_norm(h, self.layers[0].attn_norm, eps)
+        x = first_input_norm(ops, h, self.layers, eps)
         for il, L in enumerate(self.layers):
             check_cancel(cancel)
             q, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
@@ -125,9 +131,9 @@ class Llama(Architecture):
             q = ops.rope(q, self.n_head, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
             k = ops.rope(k, self.n_kv, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
             a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=self.kq_scale)
-            x = ops.add_rms_norm(h, ops.matmul(L.wo, a), L.ffn_norm, eps)
+            x = ops.add_rms_norm(h, ops.matmul(L.wo, a), L.ffn_norm, eps, feeds=(L.w_gate, L.w_up))
             gate, up = ops.matmul_many([L.w_gate, L.w_up], x, cancel)
-            y = ops.matmul(L.w_down, ops.swiglu(gate, up))
+            y = ops.matmul(L.w_down, ops.swiglu(gate, up, feeds=(L.w_down,)))
             x = add_and_norm(ops, h, y, next_input_norm(self.layers, il), eps)
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, eps)

@@ -16,7 +16,15 @@ from hyserve.model.architectures.base import (
     check_cancel,
     segment_rows,
 )
-from hyserve.model.architectures.common import WorkingStates, add_and_norm, advance, next_input_norm, output_logits
+from hyserve.model.architectures.common import (
+    InputNorm,
+    WorkingStates,
+    add_and_norm,
+    advance,
+    first_input_norm,
+    next_input_norm,
+    output_logits,
+)
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
 from hyserve.model.gguf_file import GGUFFile
@@ -36,6 +44,10 @@ class _Layer:
     d: Tensor
     ssm_norm: Tensor  # [d_inner] (G groups of d_inner/G)
     w_out: Matrix
+
+    @property
+    def input_norm(self) -> InputNorm:
+        return InputNorm(self.norm, (self.w_in,))
 
 
 class Mamba2(Architecture):
@@ -137,11 +149,11 @@ class Mamba2(Architecture):
         tokens, _, spans = segment_rows(segments)
         states = WorkingStates(ops)
         h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
-        x = ops.rms_norm(h, self.layers[0].norm, self.eps)
+        x = first_input_norm(ops, h, self.layers, self.eps)
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
             y = self._mixer(layer, il, x, segments, spans, states, cancel)
-            x = add_and_norm(ops, h, y, next_input_norm(self.layers, il, "norm"), self.eps)
+            x = add_and_norm(ops, h, y, next_input_norm(self.layers, il), self.eps)
         states.commit()
         advance(segments)
         return output_logits(ops, h, segments, spans, self.output_norm, self.output, self.eps)

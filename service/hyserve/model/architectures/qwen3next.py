@@ -34,8 +34,12 @@ class FusedBetaAlpha:
     w_ba: Matrix
     nk: int
 
+    @property
+    def inputs(self) -> tuple[Matrix, ...]:
+        return (self.w_qkv, self.w_gate, self.w_ba)
+
     def __call__(self, ops: Backend, x: Tensor, cancel: hk.CancelFlag | None) -> Sequence[Tensor]:
-        mixed, z, ba = ops.matmul_many([self.w_qkv, self.w_gate, self.w_ba], x, cancel)
+        mixed, z, ba = ops.matmul_many(self.inputs, x, cancel)
         return (mixed, z, *_split_ba(ops, ba, self.nk))
 
 
@@ -47,8 +51,12 @@ class LegacyQkvz:
     dk: int
     vz: int  # R·dv, the v (and z) width of one key-head group
 
+    @property
+    def inputs(self) -> tuple[Matrix, ...]:
+        return (self.w_in, self.w_ba)
+
     def __call__(self, ops: Backend, x: Tensor, cancel: hk.CancelFlag | None) -> Sequence[Tensor]:
-        qkvz, ba = ops.matmul_many([self.w_in, self.w_ba], x, cancel)
+        qkvz, ba = ops.matmul_many(self.inputs, x, cancel)
         rows, dk, vz = len(x), self.dk, self.vz
         g = qkvz.reshape(rows * self.nk, 2 * dk + 2 * vz)
         mixed = ops.concat_columns(

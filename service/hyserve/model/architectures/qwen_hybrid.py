@@ -18,10 +18,12 @@ import numpy as np
 
 from hyserve.model.architectures.base import Architecture, Segment, check_cancel, segment_rows
 from hyserve.model.architectures.common import (
+    InputNorm,
     WorkingStates,
     add_and_norm,
     advance,
     attend,
+    first_input_norm,
     inv_sqrt_f32,
     next_input_norm,
     output_logits,
@@ -46,8 +48,17 @@ class GatedAttention:
     k_norm: Tensor
     wo: Matrix
 
+    @property
+    def inputs(self) -> tuple[Matrix, ...]:
+        return (self.wq, self.wk, self.wv)
+
 
 class Projections(Protocol):
+    @property
+    def inputs(self) -> tuple[Matrix, ...]:
+        """The matrices the layer's input goes into."""
+        ...
+
     def __call__(self, ops: Backend, x: Tensor, cancel: hk.CancelFlag | None) -> Sequence[Tensor]:
         """mixed (conv input), z, b (pre-sigmoid β), a (pre-softplus α), each rows x width."""
         ...
@@ -62,8 +73,12 @@ class SplitProjections:
     w_beta: Matrix
     w_alpha: Matrix
 
+    @property
+    def inputs(self) -> tuple[Matrix, ...]:
+        return (self.w_qkv, self.w_gate, self.w_beta, self.w_alpha)
+
     def __call__(self, ops: Backend, x: Tensor, cancel: hk.CancelFlag | None) -> Sequence[Tensor]:
-        return ops.matmul_many([self.w_qkv, self.w_gate, self.w_beta, self.w_alpha], x, cancel)
+        return ops.matmul_many(self.inputs, x, cancel)
 
 
 @dataclass
@@ -75,6 +90,10 @@ class DeltaNet:
     norm: Tensor  # [dv]
     w_out: Matrix
 
+    @property
+    def inputs(self) -> tuple[Matrix, ...]:
+        return self.project.inputs
+
 
 @dataclass
 class HybridLayer:
@@ -82,6 +101,10 @@ class HybridLayer:
     mixer: GatedAttention | DeltaNet
     ffn_norm: Tensor  # GGUF `post_attention_norm`: the pre-FFN norm
     ffn: Ffn
+
+    @property
+    def input_norm(self) -> InputNorm:
+        return InputNorm(self.attn_norm, self.mixer.inputs)
 
 
 def imrope_still_pairs(sections: Sequence[int] | None, n_rot: int) -> np.ndarray:
@@ -206,7 +229,7 @@ class QwenHybrid(Architecture):
         ops, rows, hd = self.ops, len(x), self.head_dim
         qg, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
         heads = qg.reshape(rows * self.n_head, 2 * hd)
-        q = ops.rms_norm(ops.columns(heads, 0, hd), L.q_norm, self.eps).reshape(rows, -1)
+        q = ops.rms_norm_columns(heads, L.q_norm, self.eps, hd).reshape(rows, -1)  # q_h of [q_h | gate_h]
         gate = ops.columns(heads, hd, hd).reshape(rows, -1)
         k = ops.rms_norm(k, L.k_norm, self.eps)
         q = self._rope(q, self.n_head, pos)
@@ -280,14 +303,14 @@ class QwenHybrid(Architecture):
         states = WorkingStates(ops)  # committed only after the whole call succeeded
         pos = ops.ids(positions, "positions")
         h = ops.embed(self.token_embd, ops.ids(tokens, "tokens"))
-        x = ops.rms_norm(h, self.layers[0].attn_norm, self.eps)
+        x = first_input_norm(ops, h, self.layers, self.eps)
         for il, layer in enumerate(self.layers):
             check_cancel(cancel)
             if isinstance(layer.mixer, GatedAttention):
                 y = self._attention(layer.mixer, x, il, segments, spans, pos, cancel)
             else:
                 y = self._delta_net(layer.mixer, x, il, segments, spans, states, cancel)
-            x = ops.add_rms_norm(h, y, layer.ffn_norm, self.eps)
+            x = ops.add_rms_norm(h, y, layer.ffn_norm, self.eps, feeds=layer.ffn.inputs)
             x = add_and_norm(ops, h, layer.ffn(x, cancel), next_input_norm(self.layers, il), self.eps)
         states.commit()
         advance(segments)

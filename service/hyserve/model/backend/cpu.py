@@ -44,7 +44,7 @@ class CpuBackend(CpuRecurrentOps):
     ) -> list[np.ndarray]:
         return hk.matmul_many(list(ws), np.ascontiguousarray(x), cancel)
 
-    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, feeds: Sequence[hk.QMatrix] = ()) -> np.ndarray:
         n = len(weight)
         return hk.rms_norm(np.ascontiguousarray(x).reshape(-1, n), weight, eps).reshape(x.shape)
 
@@ -58,7 +58,9 @@ class CpuBackend(CpuRecurrentOps):
     def add_(self, dst: np.ndarray, a: np.ndarray) -> None:
         dst += a
 
-    def add_rms_norm(self, h: np.ndarray, a: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    def add_rms_norm(
+        self, h: np.ndarray, a: np.ndarray, weight: np.ndarray, eps: float, feeds: Sequence[hk.QMatrix] = ()
+    ) -> np.ndarray:
         self.add_(h, a)
         return self.rms_norm(h, weight, eps)
 
@@ -68,10 +70,10 @@ class CpuBackend(CpuRecurrentOps):
     def add_row(self, x: np.ndarray, bias: np.ndarray) -> np.ndarray:
         return x + bias
 
-    def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    def geglu(self, gate: np.ndarray, up: np.ndarray, feeds: Sequence[hk.QMatrix] = ()) -> np.ndarray:
         return hk.geglu(gate, up)
 
-    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    def swiglu(self, gate: np.ndarray, up: np.ndarray, feeds: Sequence[hk.QMatrix] = ()) -> np.ndarray:
         return hk.swiglu(gate, up)
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:

@@ -115,8 +115,10 @@ class GpuBackend(GpuRecurrentOps):
     ) -> list[hk.GpuTensor]:
         return self.device.matmul_many(list(ws), x)
 
-    def rms_norm(self, x: hk.GpuTensor, weight: hk.GpuTensor, eps: float) -> hk.GpuTensor:
-        return self.device.rms_norm(x, weight, eps)
+    def rms_norm(
+        self, x: hk.GpuTensor, weight: hk.GpuTensor, eps: float, feeds: Sequence[hk.GpuMatrix] = ()
+    ) -> hk.GpuTensor:
+        return self.device.rms_norm(x, weight, eps, feeds=list(feeds))
 
     def rope(
         self, x: hk.GpuTensor, n_head: int, positions: hk.GpuTensor, n_rot: int, base: float, scale: float, neox: bool
@@ -127,8 +129,10 @@ class GpuBackend(GpuRecurrentOps):
     def add_(self, dst: hk.GpuTensor, a: hk.GpuTensor) -> None:
         self.device.add(dst, a)
 
-    def add_rms_norm(self, h: hk.GpuTensor, a: hk.GpuTensor, weight: hk.GpuTensor, eps: float) -> hk.GpuTensor:
-        return self.device.add_rms_norm(h, a, weight, eps)
+    def add_rms_norm(
+        self, h: hk.GpuTensor, a: hk.GpuTensor, weight: hk.GpuTensor, eps: float, feeds: Sequence[hk.GpuMatrix] = ()
+    ) -> hk.GpuTensor:
+        return self.device.add_rms_norm(h, a, weight, eps, feeds=list(feeds))
 
     def scale_(self, dst: hk.GpuTensor, s: float | np.float32) -> None:
         self.device.scale(dst, float(s))
@@ -138,11 +142,11 @@ class GpuBackend(GpuRecurrentOps):
         self.device.add_row(out, bias)
         return out.reshape(*x.shape)
 
-    def geglu(self, gate: hk.GpuTensor, up: hk.GpuTensor) -> hk.GpuTensor:
-        return self.device.geglu(gate, up)
+    def geglu(self, gate: hk.GpuTensor, up: hk.GpuTensor, feeds: Sequence[hk.GpuMatrix] = ()) -> hk.GpuTensor:
+        return self.device.geglu(gate, up, feeds=list(feeds))
 
-    def swiglu(self, gate: hk.GpuTensor, up: hk.GpuTensor) -> hk.GpuTensor:
-        return self.device.swiglu(gate, up)
+    def swiglu(self, gate: hk.GpuTensor, up: hk.GpuTensor, feeds: Sequence[hk.GpuMatrix] = ()) -> hk.GpuTensor:
+        return self.device.swiglu(gate, up, feeds=list(feeds))
 
     def softcap(self, x: hk.GpuTensor, cap: float) -> hk.GpuTensor:
         self.device.softcap(x, cap)

@@ -45,6 +45,11 @@ class CpuRecurrentOps:
     def rms_norm_groups(self, x: np.ndarray, n: int, eps: float) -> np.ndarray:
         return hk.rms_norm(np.ascontiguousarray(x).reshape(-1, n), None, eps).reshape(x.shape)
 
+    def rms_norm_columns(self, x: np.ndarray, weight: np.ndarray, eps: float, width: int) -> np.ndarray:
+        n = len(weight)
+        cols = np.ascontiguousarray(x[:, :width])
+        return hk.rms_norm(cols.reshape(-1, n), weight, eps).reshape(len(x), width)
+
     def l2_norm(self, x: np.ndarray, n: int, eps: float) -> np.ndarray:
         return hk.l2_norm(np.ascontiguousarray(x).reshape(-1, n), eps).reshape(x.shape)
 

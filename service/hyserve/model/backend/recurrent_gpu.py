@@ -97,6 +97,9 @@ class GpuRecurrentOps:
     def rms_norm_groups(self, x: hk.GpuTensor, n: int, eps: float) -> hk.GpuTensor:
         return self.device.rms_norm(x, None, eps, n)
 
+    def rms_norm_columns(self, x: hk.GpuTensor, weight: hk.GpuTensor, eps: float, width: int) -> hk.GpuTensor:
+        return self.device.rms_norm(x, weight, eps, weight.shape[0], width)
+
     def l2_norm(self, x: hk.GpuTensor, n: int, eps: float) -> hk.GpuTensor:
         return native.gpu_l2_norm(self.device, x, n, eps)
 
@@ -189,4 +192,15 @@ class GpuRecurrentOps:
         n_heads: int,
         n_groups: int,
     ) -> hk.GpuTensor:
-        return native.gpu_mamba2_scan(self.device, x, dt, a, b, c, d, dt_bias, state, new_state, n_groups)
+        heads = self._mamba2_heads(a, d, dt_bias)
+        return native.gpu_mamba2_scan(self.device, x, dt, heads, b, c, state, new_state, n_groups)
+
+    def _mamba2_heads(self, a: hk.GpuTensor, d: hk.GpuTensor, dt_bias: hk.GpuTensor) -> hk.GpuTensor:
+        """A layer's per-head constants [A | D | dt_bias] in one tensor, as the scan binds them:
+        packed once per layer (the weights never change), not in every step."""
+        packed = self.__dict__.setdefault("_packed_heads", {})
+        key = (id(a), id(d), id(dt_bias))
+        if key not in packed:  # the constants are kept alive with their key, so ids stay theirs
+            parts = [t.reshape(1, -1) for t in (a, d, dt_bias)]
+            packed[key] = (a, d, dt_bias, native.gpu_concat_columns(self.device, parts))
+        return packed[key][3]
