@@ -17,7 +17,7 @@ def rand(*shape: int, scale: float = 1.0) -> np.ndarray:
 
 
 def close(gpu: np.ndarray, cpu: np.ndarray, tol: float = 2e-5) -> None:
-    np.testing.assert_allclose(gpu, cpu, rtol=tol, atol=tol * max(1.0, float(np.abs(cpu).max())))
+    np.testing.assert_allclose(gpu, cpu, rtol=tol, atol=tol * max(1.0, float(np.abs(cpu).max(initial=0.0))))
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,13 @@ def gpu(gpu_backend):  # -> GpuBackend
 
 @pytest.mark.parametrize(
     ("n", "channels", "kernel", "bias", "silu"),
-    [(5, 37, 4, True, True), (1, 24, 3, False, False), (9, 13, 6, True, False), (2, 128, 4, False, True)],
+    [
+        (5, 37, 4, True, True),
+        (1, 24, 3, False, False),
+        (9, 13, 6, True, False),
+        (2, 128, 4, False, True),
+        (0, 24, 4, True, True),
+    ],
 )
 def test_conv1d_matches_the_cpu(gpu, n: int, channels: int, kernel: int, bias: bool, silu: bool) -> None:
     x, w, st = rand(n, channels), rand(channels, kernel, scale=0.5), rand(kernel - 1, channels)
@@ -133,6 +139,25 @@ def test_rms_norm_columns_gives_the_bits_of_a_norm_of_the_columns_copied_out(gpu
     cpu = CPU.rms_norm_columns(heads, w, 1e-6, 16)
     np.testing.assert_array_equal(cpu, CPU.rms_norm(CPU.columns(heads, 0, 16), w, 1e-6))
     close(gpu.to_host(got), cpu, 1e-6)
+
+
+def test_sigmoid_mul_columns_gives_the_bits_of_a_gate_copied_out(gpu) -> None:
+    """The gated attention's output gate read in place from the second half of each head's
+    [q_h | gate_h] row: on each device the bits of `sigmoid_mul_` with the columns copied out;
+    shapes that do not fit are refused."""
+    heads, dst = rand(6, 2 * 16, scale=3), rand(6, 16)
+    got, apart = gpu.vector(dst), gpu.vector(dst)
+    gpu.sigmoid_mul_columns_(got, gpu.vector(heads), 16)
+    gpu.sigmoid_mul_(apart, gpu.columns(gpu.vector(heads), 16, 16))
+    np.testing.assert_array_equal(gpu.to_host(got), gpu.to_host(apart))
+    cpu, cpu_apart = dst.copy(), dst.copy()
+    CPU.sigmoid_mul_columns_(cpu, heads, 16)
+    CPU.sigmoid_mul_(cpu_apart, CPU.columns(heads, 16, 16))
+    np.testing.assert_array_equal(cpu, cpu_apart)
+    close(gpu.to_host(got), cpu, 1e-6)
+    for bad_start, bad_x in ((17, heads), (0, heads[:5])):
+        with pytest.raises(ValueError, match="sigmoid_mul_columns"):
+            gpu.sigmoid_mul_columns_(got, gpu.vector(bad_x), bad_start)
 
 
 def test_mul_silu_gives_the_bits_of_a_silu_then_a_product(gpu) -> None:

@@ -33,6 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     py::gpu::register(m)?;
     py::unary::register(m)?;
     py::gpu::recurrent::register(m)?;
+    py::gpu::rows::register(m)?;
     m.add_class::<py::gpu::moe::GpuMoeFfn>()?;
     m.add_class::<py::gpu::timing::GpuTimestamps>()?;
     m.add_class::<py::spm::SpmVocab>()?;

@@ -131,7 +131,8 @@ pub struct Conv {
 }
 
 /// Causal depthwise convolution of `x` (n × channels) continuing from `state_in`
-/// ((kernel-1) × channels); returns n × channels outputs and writes the new state to `state_out`.
+/// ((kernel-1) × channels); returns n × channels outputs and writes the new state to `state_out`
+/// (one pass; with no tokens a copy of the state).
 pub fn conv1d(
     gpu: &Gpu,
     x: &GpuBuffer,
@@ -163,21 +164,26 @@ pub fn conv1d(
         out.raw(),
         state_out.raw(),
     ];
+    if c.n == 0 {
+        // no token to carry it: the state entry copies the state over
+        let state_len = (c.kernel - 1) * c.channels;
+        let (gx, gy) = groups_1d(state_len);
+        gpu.dispatch(
+            &CONV_STATE,
+            &[],
+            &buffers,
+            bytes_of(&params(state_len, gx)),
+            [gx, gy, 1],
+        );
+        return out;
+    }
+    // the outputs, and the new state by the last token's invocations
     let (gx, gy) = groups_1d(c.n * c.channels);
     gpu.dispatch(
         &CONV_OUT,
         &[],
         &buffers,
         bytes_of(&params(c.n * c.channels, gx)),
-        [gx, gy, 1],
-    );
-    let state_len = (c.kernel - 1) * c.channels;
-    let (gx, gy) = groups_1d(state_len);
-    gpu.dispatch(
-        &CONV_STATE,
-        &[],
-        &buffers,
-        bytes_of(&params(state_len, gx)),
         [gx, gy, 1],
     );
     out
@@ -304,8 +310,47 @@ fn misc(
     m: usize,
     eps: f32,
 ) {
+    misc_reading(gpu, k, dst, dst2, inputs, n, m, eps, RowsOfA::WHOLE);
+}
+
+/// Where sigmoid_mul reads `a` for dst's rows of m: `stride` values from one row to the next,
+/// starting at column `offset` (the gated attention's gate, the second half of each head).
+pub struct RowsOfA {
+    pub stride: usize,
+    pub offset: usize,
+}
+
+impl RowsOfA {
+    /// a laid out as dst (with m = 1)
+    pub const WHOLE: RowsOfA = RowsOfA {
+        stride: 1,
+        offset: 0,
+    };
+}
+
+#[allow(clippy::too_many_arguments)]
+fn misc_reading(
+    gpu: &Gpu,
+    k: &Kernel,
+    dst: &GpuBuffer,
+    dst2: Option<&GpuBuffer>,
+    inputs: [Option<&GpuBuffer>; 4],
+    n: usize,
+    m: usize,
+    eps: f32,
+    a_rows: RowsOfA,
+) {
     let (gx, gy) = groups_1d(n);
-    let p = [n as u32, m as u32, eps.to_bits(), gx];
+    let p: [u32; 8] = [
+        n as u32,
+        m as u32,
+        eps.to_bits(),
+        gx,
+        a_rows.stride as u32,
+        a_rows.offset as u32,
+        0,
+        0,
+    ];
     // an unused writable slot may not alias the read-only dummy
     let spare = gpu.alloc(16);
     let dst2 = dst2.unwrap_or(&spare);
@@ -344,17 +389,26 @@ pub fn gdn_gates(
     (g, beta)
 }
 
-/// dst *= sigmoid(gate), element-wise over n values.
-pub fn sigmoid_mul(gpu: &Gpu, dst: &GpuBuffer, gate: &GpuBuffer, n: usize) {
-    misc(
+/// dst *= sigmoid(gate) over n values in rows of m, the gate's rows read as `gate_rows` says
+/// (columns of a wider tensor read in place; `m` = 1 and `RowsOfA::WHOLE`: element-wise).
+pub fn sigmoid_mul(
+    gpu: &Gpu,
+    dst: &GpuBuffer,
+    gate: &GpuBuffer,
+    n: usize,
+    m: usize,
+    gate_rows: RowsOfA,
+) {
+    misc_reading(
         gpu,
         &SIGMOID_MUL,
         dst,
         None,
         [Some(gate), None, None, None],
         n,
-        1,
+        m,
         0.0,
+        gate_rows,
     );
 }
 

@@ -2,8 +2,9 @@
 // it. The input sequence is the state's K-1 raw rows (oldest first) followed by x (n x channels).
 // Entry `main`: out[t, c] = sum_k w[c, k] * in[t + k, c], tap 0 first, added as the CPU kernel adds
 // them (rounded products while the CPU does, fused multiply-adds for its tail taps), then + bias,
-// then SiLU (ggml's expf). Entry `state`: the new state, the last K-1 raw input rows.
-// One invocation per output value; no reductions across invocations. Needs math.wgsl.
+// then SiLU (ggml's expf). The new state, the last K-1 raw input rows, is written by `main`'s
+// invocations of the last token (whose taps read exactly those rows), or with no tokens by entry
+// `state`. One invocation per output value; no reductions across invocations. Needs math.wgsl.
 
 struct Params {
     n: u32,         // tokens
@@ -58,6 +59,12 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         s = div_rn(s, 1.0 + expf_ggml(-s));
     }
     out[idx] = s;
+    if t + 1u == p.n {
+        // the new state: rows n .. n+K-2 of the input, the last token's taps after its first
+        for (var i = 0u; i + 1u < p.kernel; i++) {
+            state_out[i * p.channels + c] = input(p.n + i, c);
+        }
+    }
 }
 
 @compute @workgroup_size(64)

@@ -1,6 +1,7 @@
 // Small element-wise and per-row steps of the recurrent architectures, one entry point each:
 //   gates:       dst = softplus(a + c[i % m]) * d[i % m]  (Gated DeltaNet log-decay g), dst2 = sigmoid(b)
-//   sigmoid_mul: dst *= sigmoid(a)                        (the gated attention's output gate)
+//   sigmoid_mul: dst *= sigmoid(a)                        (the gated attention's output gate, read
+//                in place: row r of m values at a[r * a_stride + a_offset ..])
 //   mul_row:     dst *= a[i % m]                          (a weight over each row)
 //   l2_norm:     dst = a / max(sqrt(sum a^2), eps), per row of m (ggml_l2_norm; sequential sum)
 // The same formulas as the CPU path's numpy / kernel steps; no reductions across invocations.
@@ -10,6 +11,10 @@ struct Params {
     m: u32,       // row length
     eps: f32,
     groups_x: u32,
+    a_stride: u32,  // sigmoid_mul: a's row stride and first column (1 and 0 with m = 1: a as dst)
+    a_offset: u32,
+    _p0: u32,
+    _p1: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> dst: array<f32>;
@@ -49,7 +54,7 @@ fn sigmoid_mul(@builtin(global_invocation_id) g: vec3<u32>) {
     if i >= p.n {
         return;
     }
-    dst[i] = dst[i] * sigmoid(a[i]);
+    dst[i] = dst[i] * sigmoid(a[(i / p.m) * p.a_stride + p.a_offset + i % p.m]);
 }
 
 @compute @workgroup_size(64)

@@ -5,7 +5,8 @@
 //! `device` (opening, uploads, read-backs), `ops` (matmul, RoPE, element-wise, copies), `norms`
 //! (RMSNorms), `attention` (K/V caches), `capture` (captured forwards and their replays); `tensor`
 //! holds the classes the device hands out. `recurrent` has the
-//! recurrent architectures' ops (functions of a device), `moe` the MoE FFN, `timing` the
+//! recurrent architectures' ops (functions of a device), `rows` the moves of rows and columns
+//! between tensors, `moe` the MoE FFN, `timing` the
 //! per-dispatch timestamp queries.
 
 mod attention;
@@ -15,6 +16,7 @@ pub(crate) mod moe;
 mod norms;
 mod ops;
 pub(crate) mod recurrent;
+pub(crate) mod rows;
 pub(crate) mod tensor;
 pub(crate) mod timing;
 

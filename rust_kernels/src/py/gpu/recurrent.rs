@@ -1,19 +1,18 @@
-//! Python bindings of the recurrent architectures' GPU operations (`gpu::recurrent`) and of the
-//! device-to-device copies that keep recurrent states on the device. Functions of a `GpuDevice`
-//! (`gpu_*`), used by `hyserve.model.backend.recurrent_gpu`.
+//! Python bindings of the recurrent architectures' GPU operations (`gpu::recurrent`); the
+//! device-to-device copies that keep recurrent states on the device are in `rows`. Functions of a
+//! `GpuDevice` (`gpu_*`), used by `hyserve.model.backend.recurrent_gpu`.
 
 use std::sync::Arc;
 
-use numpy::{PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 use super::device::GpuDevice;
+use super::rows::ops_copy;
 use super::tensor::{Dtype, GpuTensor};
-use crate::gpu::ops::{self, CopySpec};
-use crate::gpu::recurrent::{self, Conv, DeltaRule, Mamba2, VColumns};
+use crate::gpu::recurrent::{self, Conv, DeltaRule, Mamba2, RowsOfA, VColumns};
 use crate::py::common::value_error;
 
-fn f32_tensor(buf: crate::gpu::GpuBuffer, shape: Vec<usize>) -> GpuTensor {
+pub(super) fn f32_tensor(buf: crate::gpu::GpuBuffer, shape: Vec<usize>) -> GpuTensor {
     GpuTensor::new(buf, Dtype::F32, shape)
 }
 
@@ -25,7 +24,7 @@ fn check_f32(ts: &[&GpuTensor], what: &str) -> PyResult<()> {
 }
 
 /// `t` as rows of `m` values: the row count (an error naming `what` unless m > 0 divides its size).
-fn rows_of(t: &GpuTensor, m: usize, what: &str) -> PyResult<usize> {
+pub(super) fn rows_of(t: &GpuTensor, m: usize, what: &str) -> PyResult<usize> {
     if m == 0 || !t.size().is_multiple_of(m) {
         return Err(value_error(format!(
             "{what}: {:?} is not rows of {m}",
@@ -36,7 +35,7 @@ fn rows_of(t: &GpuTensor, m: usize, what: &str) -> PyResult<usize> {
 }
 
 /// `a` and `b` hold the same number of values.
-fn same_size(a: &GpuTensor, b: &GpuTensor, what: &str) -> PyResult<()> {
+pub(super) fn same_size(a: &GpuTensor, b: &GpuTensor, what: &str) -> PyResult<()> {
     if a.size() != b.size() {
         return Err(value_error(format!(
             "{what}: {:?} and {:?} differ in size",
@@ -285,7 +284,33 @@ fn gpu_sigmoid_mul(
 ) -> PyResult<()> {
     check_f32(&[&dst, &gate], "sigmoid_mul")?;
     same_size(&dst, &gate, "sigmoid_mul")?;
-    recurrent::sigmoid_mul(&dev.gpu, &dst.buf, &gate.buf, dst.size());
+    recurrent::sigmoid_mul(&dev.gpu, &dst.buf, &gate.buf, dst.size(), 1, RowsOfA::WHOLE);
+    Ok(())
+}
+
+/// dst (rows × m) *= sigmoid(x[:, start:start + m]) for a 2-D x of as many rows: the gate read
+/// in place from its columns (no copy of them first).
+#[pyfunction]
+fn gpu_sigmoid_mul_columns(
+    dev: PyRef<'_, GpuDevice>,
+    dst: PyRef<'_, GpuTensor>,
+    x: PyRef<'_, GpuTensor>,
+    start: usize,
+) -> PyResult<()> {
+    check_f32(&[&dst, &x], "sigmoid_mul_columns")?;
+    let (rows, m) = dst.rows_cols();
+    let (x_rows, x_cols) = x.rows_cols();
+    if dst.shape.len() != 2 || x.shape.len() != 2 || x_rows != rows || start + m > x_cols {
+        return Err(value_error(format!(
+            "sigmoid_mul_columns: {:?} gated by columns {start}.. of {:?}",
+            dst.shape, x.shape
+        )));
+    }
+    let gate_rows = RowsOfA {
+        stride: x_cols,
+        offset: start,
+    };
+    recurrent::sigmoid_mul(&dev.gpu, &dst.buf, &x.buf, dst.size(), m, gate_rows);
     Ok(())
 }
 
@@ -317,166 +342,14 @@ fn gpu_l2_norm(
     Ok(f32_tensor(out, x.shape.clone()))
 }
 
-fn ops_copy(dev: &GpuDevice, src: &GpuTensor, dst: &GpuTensor) {
-    dev.gpu
-        .copy(src.buf.raw(), 0, dst.buf.raw(), 0, (src.size() * 4) as u64);
-}
-
-/// Rows start..stop of a tensor (along its first dimension), as a new tensor.
-#[pyfunction]
-fn gpu_rows(
-    dev: PyRef<'_, GpuDevice>,
-    x: PyRef<'_, GpuTensor>,
-    start: usize,
-    stop: usize,
-) -> PyResult<GpuTensor> {
-    let rows = x.shape.first().copied().unwrap_or(0);
-    if start > stop || stop > rows {
-        return Err(value_error(format!("rows {start}..{stop} of {rows}")));
-    }
-    let per = x.size() / rows.max(1);
-    let out = dev.gpu.alloc(((stop - start) * per * 4) as u64);
-    dev.gpu.copy(
-        x.buf.raw(),
-        (start * per * 4) as u64,
-        out.raw(),
-        0,
-        ((stop - start) * per * 4) as u64,
-    );
-    let mut shape = x.shape.clone();
-    if let Some(first) = shape.first_mut() {
-        *first = stop - start;
-    }
-    Ok(GpuTensor::new(out, x.dtype, shape))
-}
-
-/// dst[start:start+len(src)] = src (rows along the first dimension; same row length).
-#[pyfunction]
-fn gpu_put_rows(
-    dev: PyRef<'_, GpuDevice>,
-    dst: PyRef<'_, GpuTensor>,
-    start: usize,
-    src: PyRef<'_, GpuTensor>,
-) -> PyResult<()> {
-    let rows = dst.shape.first().copied().unwrap_or(0);
-    let per = dst.size() / rows.max(1);
-    if start + rows_of(&src, per, "put_rows")? > rows {
-        return Err(value_error(format!(
-            "put_rows: {:?} at row {start} of {:?}",
-            src.shape, dst.shape
-        )));
-    }
-    dev.gpu.copy(
-        src.buf.raw(),
-        0,
-        dst.buf.raw(),
-        (start * per * 4) as u64,
-        (src.size() * 4) as u64,
-    );
-    Ok(())
-}
-
-/// A copy of a tensor (device to device).
-#[pyfunction]
-fn gpu_clone(dev: PyRef<'_, GpuDevice>, x: PyRef<'_, GpuTensor>) -> GpuTensor {
-    let out = dev.gpu.alloc((x.size() * 4) as u64);
-    dev.gpu
-        .copy(x.buf.raw(), 0, out.raw(), 0, (x.size() * 4) as u64);
-    let mut t = GpuTensor::new(out, x.dtype, x.shape.clone());
-    t.host_ids = x.host_ids.clone();
-    t
-}
-
-/// dst = src (same size; device to device), submitted at once (a later forward call that is
-/// dropped cannot take the copy with it), or with `submit=False` recorded into the pending
-/// work (a forward's own state update).
-#[pyfunction]
-#[pyo3(signature = (dev, src, dst, submit=true))]
-fn gpu_copy_into(
-    dev: PyRef<'_, GpuDevice>,
-    src: PyRef<'_, GpuTensor>,
-    dst: PyRef<'_, GpuTensor>,
-    submit: bool,
-) -> PyResult<()> {
-    same_size(&src, &dst, "copy_into")?;
-    ops_copy(&dev, &src, &dst);
-    if submit {
-        dev.gpu.flush();
-    }
-    Ok(())
-}
-
-/// Writes host f32 values into a tensor (after all work recorded so far).
-#[pyfunction]
-fn gpu_write(
-    dev: PyRef<'_, GpuDevice>,
-    dst: PyRef<'_, GpuTensor>,
-    a: PyReadonlyArrayDyn<'_, f32>,
-) -> PyResult<()> {
-    let s = a
-        .as_slice()
-        .map_err(|_| value_error("array must be C-contiguous"))?;
-    if s.len() != dst.size() || a.shape().iter().product::<usize>() != dst.size() {
-        return Err(value_error(format!(
-            "write: {:?} into {:?}",
-            a.shape(),
-            dst.shape
-        )));
-    }
-    dev.gpu.write(dst.buf.raw(), 0, bytemuck::cast_slice(s));
-    Ok(())
-}
-
-/// The 2-D tensors side by side (same row count): rows × sum of their widths.
-#[pyfunction]
-fn gpu_concat_columns(
-    dev: PyRef<'_, GpuDevice>,
-    parts: Vec<PyRef<'_, GpuTensor>>,
-) -> PyResult<GpuTensor> {
-    let rows = parts
-        .first()
-        .map_or(0, |t| t.shape.first().copied().unwrap_or(0));
-    let widths: Vec<usize> = parts.iter().map(|t| t.size() / rows.max(1)).collect();
-    if parts
-        .iter()
-        .zip(&widths)
-        .any(|(t, &w)| t.size() != rows * w || t.dtype != Dtype::F32)
-    {
-        return Err(value_error(
-            "concat_columns: f32 parts of the same row count",
-        ));
-    }
-    let total: usize = widths.iter().sum();
-    let out = dev.gpu.alloc((rows * total * 4) as u64);
-    let mut col0 = 0;
-    for (t, &w) in parts.iter().zip(&widths) {
-        let spec = CopySpec {
-            rows,
-            cols: w,
-            src_stride: w,
-            src_col0: 0,
-            dst_stride: total,
-            dst_col0: col0,
-        };
-        ops::copy(&dev.gpu, &t.buf, None, &out, &spec);
-        col0 += w;
-    }
-    Ok(f32_tensor(out, vec![rows, total]))
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_conv1d, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_delta_rule, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_mamba2_scan, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_gdn_gates, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_sigmoid_mul, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_sigmoid_mul_columns, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_mul_row, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_l2_norm, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu_rows, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu_put_rows, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu_clone, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu_copy_into, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu_write, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu_concat_columns, m)?)?;
     Ok(())
 }

@@ -230,12 +230,11 @@ class QwenHybrid(Architecture):
         qg, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
         heads = qg.reshape(rows * self.n_head, 2 * hd)
         q = ops.rms_norm_columns(heads, L.q_norm, self.eps, hd).reshape(rows, -1)  # q_h of [q_h | gate_h]
-        gate = ops.columns(heads, hd, hd).reshape(rows, -1)
         k = ops.rms_norm(k, L.k_norm, self.eps)
         q = self._rope(q, self.n_head, pos)
         k = self._rope(k, self.n_kv, pos)
         a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=float(inv_sqrt_f32(hd)))
-        ops.sigmoid_mul_(a, gate)
+        ops.sigmoid_mul_columns_(a.reshape(rows * self.n_head, hd), heads, hd)  # gate_h of [q_h | gate_h]
         return ops.matmul(L.wo, a, cancel)
 
     def _rope(self, x: Tensor, n_head: int, pos: Tensor) -> Tensor:

@@ -66,6 +66,11 @@ class RecurrentOps(Protocol):
         """dst *= sigmoid(gate)"""
         ...
 
+    def sigmoid_mul_columns_(self, dst: Tensor, x: Tensor, start: int) -> None:
+        """dst (rows x m) *= sigmoid(x[:, start:start + m]) for a 2-D x of as many rows: the bits
+        of `sigmoid_mul_(dst, columns(x, start, m))`, without the copy on a device."""
+        ...
+
     def mul_row_(self, dst: Tensor, w: Tensor) -> None:
         """dst[r, :] *= w for every row"""
         ...

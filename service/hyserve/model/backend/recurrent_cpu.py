@@ -39,6 +39,9 @@ class CpuRecurrentOps:
     def sigmoid_mul_(self, dst: np.ndarray, gate: np.ndarray) -> None:
         dst *= hk.sigmoid(gate)  # libm's expf, as ggml (numpy's exp rounds differently)
 
+    def sigmoid_mul_columns_(self, dst: np.ndarray, x: np.ndarray, start: int) -> None:
+        self.sigmoid_mul_(dst, self.columns(x, start, dst.shape[1]))
+
     def mul_row_(self, dst: np.ndarray, w: np.ndarray) -> None:
         dst *= w
 

@@ -91,6 +91,9 @@ class GpuRecurrentOps:
     def sigmoid_mul_(self, dst: hk.GpuTensor, gate: hk.GpuTensor) -> None:
         native.gpu_sigmoid_mul(self.device, dst, gate)
 
+    def sigmoid_mul_columns_(self, dst: hk.GpuTensor, x: hk.GpuTensor, start: int) -> None:
+        native.gpu_sigmoid_mul_columns(self.device, dst, x, start)
+
     def mul_row_(self, dst: hk.GpuTensor, w: hk.GpuTensor) -> None:
         native.gpu_mul_row(self.device, dst, w)
 
