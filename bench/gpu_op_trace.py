@@ -80,10 +80,10 @@ class TracingBackend(CpuBackend):
             self.compare(f"matmul {w.rows}x{w.cols}", r, g)
         return rs
 
-    def rms_norm(self, x, weight, eps, feeds=()):
+    def rms_norm(self, x, weight, eps, feeds=(), rope=None):
         r = super().rms_norm(x, weight, eps)
         self.compare(f"rms_norm {len(weight)}", r, self.gpu.rms_norm(self.up(x), self.up(weight), eps))
-        return r
+        return r if rope is None else self.rope(r, *rope)
 
     def rope(self, x, n_head, positions, n_rot, base, scale, neox):
         g = self.gpu.rope(self.up(x), n_head, self.up(positions), n_rot, base, scale, neox)

@@ -163,6 +163,32 @@ def test_rms_norm_sums_exactly_over_wide_ranges(gpu_device) -> None:
     assert_norm_bits(gpu_device, gpu, hk.rms_norm(x, None, 1e-6))
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast"])
+@pytest.mark.parametrize("neox", [False, True])
+def test_a_norm_turns_its_heads_by_rope_in_the_same_pass(gpu_device, gpu_fast_device, neox: bool, fast: bool) -> None:
+    """`rms_norm(..., rope=)`: the heads normalised and turned in one pass are the bits of the
+    norm and then `rope`, for whole rows of heads and for the q halves of [q_h | gate_h] rows (the
+    gated attention's layout, normalised in place); groups that are not the heads are refused."""
+    dev = gpu_fast_device if fast else gpu_device
+    rng = np.random.default_rng(31)
+    n_head, hd, pos = 3, 16, np.asarray([0, 1, 7, 300, 4095], dtype=np.int32)
+    rows = len(pos)
+    x = rng.standard_normal((rows, n_head * hd)).astype(np.float32)
+    heads = rng.standard_normal((rows * n_head, 2 * hd)).astype(np.float32)
+    w = rng.standard_normal(hd).astype(np.float32)
+    rot = (n_head, dev.ids(pos), 8, 10000.0, 0.5, neox)
+    fused = dev.rms_norm(dev.tensor(x), dev.tensor(w), 1e-6, rope=rot)
+    apart = dev.rms_norm(dev.tensor(x), dev.tensor(w), 1e-6)
+    dev.rope(apart, *rot)
+    np.testing.assert_array_equal(dev.to_host(fused), dev.to_host(apart))
+    fused = dev.rms_norm(dev.tensor(heads), dev.tensor(w), 1e-6, hd, hd, rope=rot)
+    apart = dev.rms_norm(dev.tensor(heads), dev.tensor(w), 1e-6, hd, hd).reshape(rows, -1)
+    dev.rope(apart, *rot)
+    np.testing.assert_array_equal(dev.to_host(fused).reshape(rows, -1), dev.to_host(apart))
+    with pytest.raises(ValueError, match="RoPE"):
+        dev.rms_norm(dev.tensor(x), dev.tensor(w[:8]), 1e-6, rope=rot)
+
+
 @pytest.mark.parametrize("neox", [False, True])
 @pytest.mark.parametrize("n_rot", [16, 8])
 def test_rope(gpu_device, neox: bool, n_rot: int) -> None:

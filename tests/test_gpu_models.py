@@ -65,9 +65,10 @@ class OneUlpNoise(CpuBackend):
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def rms_norm(self, x, weight, eps, feeds=()):
+    def rms_norm(self, x, weight, eps, feeds=(), rope=None):
         r = super().rms_norm(x, weight, eps)
-        return np.nextafter(r, np.where(self.rng.random(r.shape) < 0.5, np.inf, -np.inf).astype(np.float32))
+        r = np.nextafter(r, np.where(self.rng.random(r.shape) < 0.5, np.inf, -np.inf).astype(np.float32))
+        return r if rope is None else self.rope(r, *rope)
 
 
 def noise_tie(cpu: LoadedModel, tokens: list[int]) -> float:

@@ -30,6 +30,7 @@ pub mod device;
 pub mod features;
 pub mod matvec;
 pub mod moe;
+pub mod norm;
 pub mod numerics;
 pub mod open;
 pub mod ops;

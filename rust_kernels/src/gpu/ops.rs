@@ -7,7 +7,6 @@ use bytemuck::{bytes_of, Pod, Zeroable};
 
 use super::device::{Access, Gpu, GpuBuffer, Kernel};
 use super::weights::GpuWeight;
-use super::Numerics;
 
 const QUANT: &str = include_str!("shaders/quant.wgsl");
 
@@ -47,73 +46,13 @@ static GET_ROWS: Kernel = Kernel {
     entry: "main",
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
 };
-const NORM: &str = include_str!("shaders/norm.wgsl");
-const NORM_IO: &str = include_str!("shaders/norm_io.wgsl");
-const NORM_ADD_IO: &str = include_str!("shaders/norm_add_io.wgsl");
-const NORM_END: &str = include_str!("shaders/norm_end.wgsl");
-const NORM_QUANTIZE_END: &str = include_str!("shaders/norm_quantize_end.wgsl");
 pub(crate) const ACTIVATIONS: &str = include_str!("shaders/activations.wgsl");
 pub(crate) const QUANTIZE_FAST_CORE: &str = include_str!("shaders/quantize_fast_core.wgsl");
-static RMS_NORM: Kernel = Kernel {
-    name: "rms_norm",
-    sources: &[MATH, NORM_IO, NORM_END, NORM],
-    entry: "main",
-    bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
-};
-static ADD_RMS_NORM: Kernel = Kernel {
-    name: "add_rms_norm",
-    sources: &[MATH, NORM_ADD_IO, NORM_END, NORM],
-    entry: "main",
-    bindings: &[
-        (0, ReadWrite),
-        (1, Read),
-        (2, ReadWrite),
-        (3, Uniform),
-        (4, Read),
-    ],
-};
-/// The norms that also quantize their rows for the matmul they feed (fast numerics).
-static RMS_NORM_QUANTIZE: Kernel = Kernel {
-    name: "rms_norm_quantize",
-    sources: &[MATH, NORM_IO, QUANTIZE_FAST_CORE, NORM_QUANTIZE_END, NORM],
-    entry: "main",
-    bindings: &[
-        (0, Read),
-        (1, Read),
-        (2, ReadWrite),
-        (3, Uniform),
-        (5, ReadWrite),
-        (6, ReadWrite),
-        (7, ReadWrite),
-        (8, ReadWrite),
-    ],
-};
-static ADD_RMS_NORM_QUANTIZE: Kernel = Kernel {
-    name: "add_rms_norm_quantize",
-    sources: &[
-        MATH,
-        NORM_ADD_IO,
-        QUANTIZE_FAST_CORE,
-        NORM_QUANTIZE_END,
-        NORM,
-    ],
-    entry: "main",
-    bindings: &[
-        (0, ReadWrite),
-        (1, Read),
-        (2, ReadWrite),
-        (3, Uniform),
-        (4, Read),
-        (5, ReadWrite),
-        (6, ReadWrite),
-        (7, ReadWrite),
-        (8, ReadWrite),
-    ],
-};
 pub(crate) const MATH: &str = include_str!("shaders/math.wgsl");
+pub(crate) const ROPE_PAIR: &str = include_str!("shaders/rope_pair.wgsl");
 static ROPE: Kernel = Kernel {
     name: "rope",
-    sources: &[MATH, include_str!("shaders/rope.wgsl")],
+    sources: &[MATH, ROPE_PAIR, include_str!("shaders/rope.wgsl")],
     entry: "main",
     bindings: &[(0, ReadWrite), (1, Read), (2, Uniform)],
 };
@@ -161,11 +100,11 @@ pub(crate) fn groups_wrapped(n: usize) -> (u32, u32) {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct Params8 {
+pub(crate) struct Params8 {
     v: [u32; 8],
 }
 
-fn params8(v: [u32; 8]) -> Params8 {
+pub(crate) fn params8(v: [u32; 8]) -> Params8 {
     Params8 { v }
 }
 
@@ -298,64 +237,6 @@ pub fn get_rows(gpu: &Gpu, w: &GpuWeight, ids: &GpuBuffer, n: usize) -> GpuBuffe
         );
     }
     out
-}
-
-/// The rows an RMSNorm normalises: `rows` rows of `n` values, `per_row` of them side by side at
-/// the start of each input row of `x_stride` values (contiguous rows: 1 and `n`).
-pub struct NormRows {
-    pub rows: usize,
-    pub n: usize,
-    pub per_row: usize,
-    pub x_stride: usize,
-}
-
-/// RMSNorm of `rows` rows of `n` elements, times `weight` (length n) when given; with `add`,
-/// of x + add, which is written to x first (a residual stream and the norm after it, one pass).
-/// With `quantize` (fast numerics, contiguous rows), the same pass also quantizes the result for
-/// that act kind, as `matvec::matmul_many` would before its matmuls: the same bits, one pass less.
-pub fn rms_norm(
-    gpu: &Gpu,
-    x: &GpuBuffer,
-    add: Option<&GpuBuffer>,
-    rows: NormRows,
-    weight: Option<&GpuBuffer>,
-    eps: f32,
-    quantize: Option<u32>,
-) -> (GpuBuffer, Option<QuantizedAct>) {
-    let out = gpu.alloc((rows.rows * rows.n * 4) as u64);
-    let (gx, gy) = groups_wrapped(rows.rows);
-    let p = params8([
-        rows.n as u32,
-        rows.rows as u32,
-        eps.to_bits(),
-        u32::from(weight.is_some()),
-        gx,
-        rows.per_row as u32,
-        rows.x_stride as u32,
-        0,
-    ]);
-    let w = weight.map_or(&gpu.dummy, GpuBuffer::raw);
-    let q = quantize.map(|kind| {
-        assert!(
-            gpu.numerics() == Numerics::Fast && (3..=5).contains(&kind) && rows.per_row == 1,
-            "a norm quantizes its contiguous rows for a Q8 act kind in fast numerics"
-        );
-        QuantizedAct::alloc(gpu, rows.rows, rows.n, kind)
-    });
-    let mut buffers = vec![x.raw(), w, out.raw()];
-    buffers.extend(add.map(GpuBuffer::raw));
-    if let Some(q) = &q {
-        buffers.extend(q.raw());
-    }
-    let kernel = match (add.is_some(), q.is_some()) {
-        (false, false) => &RMS_NORM,
-        (true, false) => &ADD_RMS_NORM,
-        (false, true) => &RMS_NORM_QUANTIZE,
-        (true, true) => &ADD_RMS_NORM_QUANTIZE,
-    };
-    let act = q.as_ref().map(|q| ("ACT", q.kind));
-    gpu.dispatch(kernel, act.as_slice(), &buffers, bytes_of(&p), [gx, gy, 1]);
-    (out, q)
 }
 
 /// Rotary embedding settings (see rope.wgsl).

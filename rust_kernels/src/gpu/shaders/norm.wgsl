@@ -4,8 +4,9 @@
 // as the q and k heads at the start of a delta-net layer's convolution output); y is contiguous.
 // The input x and `take_x` come from norm_io.wgsl (read only) or norm_add_io.wgsl (the residual
 // norm: x += a, written back, then normalised: one pass instead of an add and a norm).
-// `after_norm` comes from norm_end.wgsl (nothing) or norm_quantize_end.wgsl (the row just written
-// quantized for the matmul it feeds: one pass instead of a norm and a quantization).
+// `after_norm` comes from norm_end.wgsl (nothing), norm_quantize_end.wgsl (the row just written
+// quantized for the matmul it feeds: one pass instead of a norm and a quantization) or
+// norm_rope_end.wgsl (the head just written turned by RoPE: one pass instead of a norm and a RoPE).
 //
 // The CPU (as ggml) squares in f32 and sums the squares in f64, which shaders lack. Here each
 // square is added exactly into a 320-bit fixed-point integer (unit 2^-149, the least f32), the
@@ -28,6 +29,10 @@ struct Params {
     per_row: u32,
     x_stride: u32,
     _c: u32,
+    rope_heads: u32,  // norm_rope_end.wgsl: heads per token, rotated dims, NEOX pairs
+    n_rot: u32,
+    neox: u32,
+    _d: u32,
 }
 
 @group(0) @binding(1) var<storage, read> weight: array<f32>;

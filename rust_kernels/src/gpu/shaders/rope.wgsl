@@ -2,7 +2,7 @@
 // Pair i (< n_rot/2) turns by the angle whose (cos, sin) the host computed for the row (the CPU
 // kernel's own angles: a shader's sin/cos differ from libm's in the last bits): dims (2i, 2i+1),
 // or (i, i + n_rot/2) with NEOX; dims past n_rot pass through. One invocation per (row, head, pair).
-// The rotation uses the CPU's fused multiply-adds. Needs math.wgsl.
+// The rotation uses the CPU's fused multiply-adds. Needs math.wgsl and rope_pair.wgsl.
 
 struct Params {
     n_head: u32,
@@ -29,18 +29,9 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     let i = idx % half;
     let head = (idx / half) % p.n_head;
     let row = idx / (half * p.n_head);
-    let cs = angles[row * half + i];
-    let c = cs.x;
-    let s = cs.y;
     let o = (row * p.n_head + head) * p.head_dim;
-    var a = o + 2u * i;
-    var b = a + 1u;
-    if p.neox != 0u {
-        a = o + i;
-        b = a + half;
-    }
-    let x0 = x[a];
-    let x1 = x[b];
-    x[a] = fma_exact(x0, c, -(x1 * s));
-    x[b] = fma_exact(x0, s, x1 * c);
+    let d = rope_dims(o, i, half, p.neox != 0u);
+    let r = rope_pair(vec2<f32>(x[d.x], x[d.y]), angles[row * half + i]);
+    x[d.x] = r.x;
+    x[d.y] = r.y;
 }

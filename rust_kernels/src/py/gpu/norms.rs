@@ -8,8 +8,9 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use super::device::GpuDevice;
+use super::ops::RopeArgs;
 use super::tensor::{GpuMatrix, GpuTensor};
-use crate::gpu::ops::{self, NormRows};
+use crate::gpu::norm::{self, AfterNorm, NormRows};
 use crate::py::common::value_error;
 
 #[pymethods]
@@ -17,8 +18,11 @@ impl GpuDevice {
     /// RMSNorm over groups of `n` consecutive values (n = the weight's length when given). With
     /// `width`, only the first `width` columns of each row of a 2-D `x` (groups of n side by side)
     /// are normalised, into a rows × width tensor: no copy of those columns first. `feeds`: the
-    /// matrices the result goes into next (a hint; see the module).
-    #[pyo3(signature = (x, weight, eps, n=None, width=None, feeds=None))]
+    /// matrices the result goes into next (a hint; see the module). `rope`: (n_head, positions,
+    /// n_rot, base, freq_scale, neox) when the groups are heads that RoPE turns next, in the same
+    /// pass (the bits of `rope` after the norm).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (x, weight, eps, n=None, width=None, feeds=None, rope=None))]
     fn rms_norm(
         &self,
         x: PyRef<'_, GpuTensor>,
@@ -27,6 +31,7 @@ impl GpuDevice {
         n: Option<usize>,
         width: Option<usize>,
         feeds: Option<Vec<PyRef<'_, GpuMatrix>>>,
+        rope: Option<RopeArgs<'_>>,
     ) -> PyResult<GpuTensor> {
         let n = n
             .or(weight.as_ref().map(|w| w.size()))
@@ -60,9 +65,21 @@ impl GpuDevice {
                 )));
             }
         }
-        let kind = self.quantize_for(&feeds, &rows, &shape);
         let weight = weight.as_ref().map(|w| &*w.buf);
-        let (out, q) = ops::rms_norm(&self.gpu, &x.buf, None, rows, weight, eps, kind);
+        if let Some(args) = &rope {
+            let (r, table) = self.rope_settings(&shape, args)?;
+            if r.head_dim != n {
+                return Err(value_error(format!(
+                    "rms_norm: groups of {n} turned by RoPE as heads of {}",
+                    r.head_dim
+                )));
+            }
+            let after = AfterNorm::Rope(&table, &r);
+            let (out, _) = norm::rms_norm(&self.gpu, &x.buf, None, rows, weight, eps, after);
+            return Ok(self.tensor_of(out, shape));
+        }
+        let after = self.quantize_for(&feeds, &rows, &shape);
+        let (out, q) = norm::rms_norm(&self.gpu, &x.buf, None, rows, weight, eps, after);
         Ok(self.with_acts(self.tensor_of(out, shape), q))
     }
 
@@ -87,33 +104,33 @@ impl GpuDevice {
         if Arc::ptr_eq(&x.buf, &a.buf) {
             return Err(value_error("add_rms_norm: x and a are the same tensor"));
         }
-        let kind = self.quantize_for(&feeds, &rows, &x.shape);
-        let (out, q) = ops::rms_norm(
+        let after = self.quantize_for(&feeds, &rows, &x.shape);
+        let (out, q) = norm::rms_norm(
             &self.gpu,
             &x.buf,
             Some(&a.buf),
             rows,
             Some(&weight.buf),
             eps,
-            kind,
+            after,
         );
         Ok(self.with_acts(self.tensor_of(out, x.shape.clone()), q))
     }
 }
 
 impl GpuDevice {
-    /// The act kind a norm's pass quantizes its result for: that of the matrices it feeds, when
-    /// its rows are the matmul's input rows (whole rows of the last dim).
+    /// Whether a norm's pass quantizes its result, and for which act kind: that of the matrices
+    /// it feeds, when its rows are the matmul's input rows (whole rows of the last dim).
     fn quantize_for(
         &self,
         feeds: &Option<Vec<PyRef<'_, GpuMatrix>>>,
         rows: &NormRows,
         shape: &[usize],
-    ) -> Option<u32> {
-        if rows.per_row != 1 || shape.last() != Some(&rows.n) {
-            return None;
-        }
-        self.q8_kind_feeding(feeds, rows.n)
+    ) -> AfterNorm<'static> {
+        let kind = (rows.per_row == 1 && shape.last() == Some(&rows.n))
+            .then(|| self.q8_kind_feeding(feeds, rows.n))
+            .flatten();
+        kind.map_or(AfterNorm::Nothing, AfterNorm::Quantize)
     }
 }
 

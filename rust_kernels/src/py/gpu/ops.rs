@@ -23,6 +23,24 @@ pub(super) fn rope_table_values(positions: &[i32], (n_rot, base, freq_scale): Ro
     table
 }
 
+/// RoPE's arguments as Python passes them: heads per row, positions (one per row, from `ids`),
+/// rotated dims, frequency base and scale, NEOX pairs.
+#[derive(FromPyObject)]
+pub(super) struct RopeArgs<'py> {
+    #[pyo3(item(0))]
+    n_head: usize,
+    #[pyo3(item(1))]
+    positions: PyRef<'py, GpuTensor>,
+    #[pyo3(item(2))]
+    n_rot: usize,
+    #[pyo3(item(3))]
+    base: f32,
+    #[pyo3(item(4))]
+    freq_scale: f32,
+    #[pyo3(item(5))]
+    neox: bool,
+}
+
 impl GpuDevice {
     /// cos/sin of every rotated pair at every position, computed on the host by the CPU kernel's
     /// own function (a shader's sin/cos differ from libm's in the last bits; the angles are few,
@@ -47,6 +65,38 @@ impl GpuDevice {
             Arc::new(self.gpu.upload(bytemuck::cast_slice(&table)))
         });
         Ok(table.clone())
+    }
+
+    /// RoPE's settings for `x` (rows × n_head·head_dim, a row per position) and its table, or why
+    /// they do not fit.
+    pub(super) fn rope_settings(
+        &self,
+        shape: &[usize],
+        args: &RopeArgs,
+    ) -> PyResult<(Rope, Arc<GpuBuffer>)> {
+        let (n_head, n_rot, positions) = (args.n_head, args.n_rot, &args.positions);
+        self.check(positions, Dtype::I32, "rope's positions")?;
+        let rows = positions.size();
+        let size: usize = shape.iter().product();
+        if rows == 0 || n_head == 0 || !size.is_multiple_of(rows * n_head) {
+            return Err(value_error(format!(
+                "rope: {shape:?} is not {rows} rows of {n_head} heads"
+            )));
+        }
+        let head_dim = size / rows / n_head;
+        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
+            return Err(value_error(format!(
+                "rope: n_rot {n_rot} must be even and <= head_dim {head_dim}"
+            )));
+        }
+        let r = Rope {
+            n_head,
+            head_dim,
+            n_rot,
+            neox: args.neox,
+        };
+        let table = self.rope_table(positions, n_rot, args.base, args.freq_scale)?;
+        Ok((r, table))
     }
 
     fn elementwise(
@@ -170,28 +220,16 @@ impl GpuDevice {
         freq_scale: f32,
         neox: bool,
     ) -> PyResult<()> {
-        self.check(&positions, Dtype::I32, "rope's positions")?;
-        let rows = positions.size();
-        if rows == 0 || !x.size().is_multiple_of(rows * n_head) {
-            return Err(value_error(format!(
-                "rope: {:?} is not {rows} rows of {n_head} heads",
-                x.shape
-            )));
-        }
-        let head_dim = x.size() / rows / n_head;
-        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
-            return Err(value_error(format!(
-                "rope: n_rot {n_rot} must be even and <= head_dim {head_dim}"
-            )));
-        }
-        let r = Rope {
+        let args = RopeArgs {
             n_head,
-            head_dim,
+            positions,
             n_rot,
+            base,
+            freq_scale,
             neox,
         };
-        let table = self.rope_table(&positions, n_rot, base, freq_scale)?;
-        ops::rope(&self.gpu, &x.buf, rows, &table, &r);
+        let (r, table) = self.rope_settings(&x.shape, &args)?;
+        ops::rope(&self.gpu, &x.buf, args.positions.size(), &table, &r);
         Ok(())
     }
 

@@ -31,6 +31,7 @@ from hyserve.model.architectures.common import (
 )
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
+from hyserve.model.backend.rotary import Rotary
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
 from hyserve.model.memory import SequenceMemory
@@ -135,8 +136,9 @@ class Gemma3(Architecture):
         for il, L in enumerate(self.layers):
             check_cancel(cancel)
             q, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
-            q = ops.rope(ops.rms_norm(q, L.q_norm, eps), self.n_head, pos, hd, L.rope_base, L.rope_scale, True)
-            k = ops.rope(ops.rms_norm(k, L.k_norm, eps), self.n_kv, pos, hd, L.rope_base, L.rope_scale, True)
+            rot_q = Rotary(self.n_head, pos, hd, L.rope_base, L.rope_scale, True)
+            q = ops.rms_norm(q, L.q_norm, eps, rope=rot_q)  # RoPE in the norm's pass
+            k = ops.rms_norm(k, L.k_norm, eps, rope=rot_q._replace(n_head=self.n_kv))
             ops.scale_(q, self.q_scale)
             a = attend(ops, segments, spans, il, q, k, v, pos, L.window)
             y = ops.rms_norm(ops.matmul(L.wo, a), L.post_attn_norm, eps)

@@ -29,6 +29,7 @@ from hyserve.model.architectures.common import (
 )
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
+from hyserve.model.backend.rotary import Rotary
 from hyserve.model.gguf_file import GGUFFile
 from hyserve.model.hparams import HParams
 from hyserve.model.memory import SequenceMemory
@@ -126,10 +127,12 @@ class Llama(Architecture):
             q, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
             if L.bias_qkv is not None:
                 q, k, v = (ops.add_row(t, b) for t, b in zip((q, k, v), L.bias_qkv))
-            if L.q_norm is not None and L.k_norm is not None:
-                q, k = ops.rms_norm(q, L.q_norm, eps), ops.rms_norm(k, L.k_norm, eps)
-            q = ops.rope(q, self.n_head, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
-            k = ops.rope(k, self.n_kv, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
+            rot_q = Rotary(self.n_head, pos, self.n_rot, self.rope_base, self.rope_scale, self.neox_rope)
+            rot_k = rot_q._replace(n_head=self.n_kv)
+            if L.q_norm is not None and L.k_norm is not None:  # qwen3: RoPE in the norms' passes
+                q, k = ops.rms_norm(q, L.q_norm, eps, rope=rot_q), ops.rms_norm(k, L.k_norm, eps, rope=rot_k)
+            else:
+                q, k = ops.rope(q, *rot_q), ops.rope(k, *rot_k)
             a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=self.kq_scale)
             x = ops.add_rms_norm(h, ops.matmul(L.wo, a), L.ffn_norm, eps, feeds=(L.w_gate, L.w_up))
             gate, up = ops.matmul_many([L.w_gate, L.w_up], x, cancel)

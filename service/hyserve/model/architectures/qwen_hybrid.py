@@ -31,6 +31,7 @@ from hyserve.model.architectures.common import (
 from hyserve.model.architectures.ffn import Ffn
 from hyserve.model.backend import CPU, Backend
 from hyserve.model.backend.base import Matrix, Tensor
+from hyserve.model.backend.rotary import Rotary
 from hyserve.model.gguf_file import GGUFError, GGUFFile
 from hyserve.model.hparams import HParams
 from hyserve.model.memory import SequenceMemory
@@ -229,18 +230,20 @@ class QwenHybrid(Architecture):
         ops, rows, hd = self.ops, len(x), self.head_dim
         qg, k, v = ops.matmul_many([L.wq, L.wk, L.wv], x, cancel)
         heads = qg.reshape(rows * self.n_head, 2 * hd)
-        q = ops.rms_norm_columns(heads, L.q_norm, self.eps, hd).reshape(rows, -1)  # q_h of [q_h | gate_h]
-        k = ops.rms_norm(k, L.k_norm, self.eps)
-        q = self._rope(q, self.n_head, pos)
-        k = self._rope(k, self.n_kv, pos)
+        if len(self.still_pairs) == 0:  # plain NEOX RoPE, turned in the norms' passes
+            rot_q = Rotary(self.n_head, pos, self.n_rot, self.rope_base, 1.0, True)
+            q = ops.rms_norm_columns(heads, L.q_norm, self.eps, hd, rope=rot_q)  # q_h of [q_h | gate_h]
+            k = ops.rms_norm(k, L.k_norm, self.eps, rope=rot_q._replace(n_head=self.n_kv))
+        else:
+            q = self._rope(ops.rms_norm_columns(heads, L.q_norm, self.eps, hd).reshape(rows, -1), self.n_head, pos)
+            k = self._rope(ops.rms_norm(k, L.k_norm, self.eps), self.n_kv, pos)
+        q = q.reshape(rows, -1)
         a = attend(ops, segments, spans, il, q, k, v, pos, kq_scale=float(inv_sqrt_f32(hd)))
         ops.sigmoid_mul_columns_(a.reshape(rows * self.n_head, hd), heads, hd)  # gate_h of [q_h | gate_h]
         return ops.matmul(L.wo, a, cancel)
 
     def _rope(self, x: Tensor, n_head: int, pos: Tensor) -> Tensor:
         """NEOX RoPE over the first n_rot dims of each head, except IMROPE's still pairs."""
-        if len(self.still_pairs) == 0:
-            return self.ops.rope(x, n_head, pos, self.n_rot, self.rope_base, 1.0, True)
         return self.ops.rope_keeping(x, n_head, pos, self.n_rot, self.rope_base, self.still_pairs)
 
     def _delta_net(self, L: DeltaNet, x: Tensor, il: int, segments, spans, states, cancel) -> Tensor:

@@ -9,6 +9,7 @@ import hyserve_kernels as hk
 import numpy as np
 
 from hyserve.model.backend.recurrent_base import RecurrentOps
+from hyserve.model.backend.rotary import Rotary
 
 # A tensor of the backend's device: a numpy array on the CPU, an `hk.GpuTensor` on the GPU. Both
 # have `.shape` and `.reshape(*shape)`.
@@ -48,10 +49,14 @@ class Backend(RecurrentOps, Protocol):
     def embed(self, m: Matrix, tokens: Tensor) -> Tensor: ...
     def matmul(self, w: Matrix, x: Tensor, cancel: hk.CancelFlag | None = None) -> Tensor: ...
     def matmul_many(self, ws: Sequence[Matrix], x: Tensor, cancel: hk.CancelFlag | None = None) -> list[Tensor]: ...
-    def rms_norm(self, x: Tensor, weight: Tensor, eps: float, feeds: Sequence[Matrix] = ()) -> Tensor:
+    def rms_norm(
+        self, x: Tensor, weight: Tensor, eps: float, feeds: Sequence[Matrix] = (), rope: Rotary | None = None
+    ) -> Tensor:
         """RMSNorm over consecutive groups of len(weight) values (rows, or heads within rows).
         `feeds`: the matrices the result goes into next, a hint that changes no value (a device
-        may quantize the result for them in the norm's own pass, sparing the matmul that pass)."""
+        may quantize the result for them in the norm's own pass, sparing the matmul that pass).
+        `rope`: the groups are heads, turned by RoPE after the norm (one pass on a device; the
+        bits of `rope(rms_norm(x), *rope)`)."""
         ...
 
     def rope(

@@ -10,6 +10,7 @@ import numpy as np
 
 from hyserve.model.backend.base import AttentionSpan
 from hyserve.model.backend.recurrent_cpu import CpuRecurrentOps
+from hyserve.model.backend.rotary import Rotary
 from hyserve.model.memory import KVCache
 
 
@@ -44,9 +45,17 @@ class CpuBackend(CpuRecurrentOps):
     ) -> list[np.ndarray]:
         return hk.matmul_many(list(ws), np.ascontiguousarray(x), cancel)
 
-    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, feeds: Sequence[hk.QMatrix] = ()) -> np.ndarray:
+    def rms_norm(
+        self,
+        x: np.ndarray,
+        weight: np.ndarray,
+        eps: float,
+        feeds: Sequence[hk.QMatrix] = (),
+        rope: Rotary | None = None,
+    ) -> np.ndarray:
         n = len(weight)
-        return hk.rms_norm(np.ascontiguousarray(x).reshape(-1, n), weight, eps).reshape(x.shape)
+        out = hk.rms_norm(np.ascontiguousarray(x).reshape(-1, n), weight, eps).reshape(x.shape)
+        return out if rope is None else self.rope(out, *rope)
 
     def rope(
         self, x: np.ndarray, n_head: int, positions: np.ndarray, n_rot: int, base: float, scale: float, neox: bool

@@ -13,6 +13,7 @@ import numpy as np
 from hyserve.model.backend.base import AttentionSpan
 from hyserve.model.backend.gpu_capture import CaptureLog
 from hyserve.model.backend.recurrent_gpu import GpuRecurrentOps
+from hyserve.model.backend.rotary import Rotary
 
 
 class GpuKVCache:
@@ -116,9 +117,14 @@ class GpuBackend(GpuRecurrentOps):
         return self.device.matmul_many(list(ws), x)
 
     def rms_norm(
-        self, x: hk.GpuTensor, weight: hk.GpuTensor, eps: float, feeds: Sequence[hk.GpuMatrix] = ()
+        self,
+        x: hk.GpuTensor,
+        weight: hk.GpuTensor,
+        eps: float,
+        feeds: Sequence[hk.GpuMatrix] = (),
+        rope: Rotary | None = None,
     ) -> hk.GpuTensor:
-        return self.device.rms_norm(x, weight, eps, feeds=list(feeds))
+        return self.device.rms_norm(x, weight, eps, feeds=list(feeds), rope=rope)
 
     def rope(
         self, x: hk.GpuTensor, n_head: int, positions: hk.GpuTensor, n_rot: int, base: float, scale: float, neox: bool

@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hyserve.model.backend.rotary import Rotary
+
 Tensor = Any
 
 
@@ -79,10 +81,10 @@ class RecurrentOps(Protocol):
         """RMSNorm without weight over consecutive groups of n values."""
         ...
 
-    def rms_norm_columns(self, x: Tensor, weight: Tensor, eps: float, width: int) -> Tensor:
+    def rms_norm_columns(self, x: Tensor, weight: Tensor, eps: float, width: int, rope: Rotary | None = None) -> Tensor:
         """RMSNorm (times `weight`, groups of len(weight)) of the first `width` columns of each
-        row of a 2-D x, as a rows x width tensor: `rms_norm(columns(x, 0, width))` without the
-        copy on a device, the same bits."""
+        row of a 2-D x, as a rows x width tensor: `rms_norm(columns(x, 0, width), rope=rope)`
+        without the copy on a device, the same bits."""
         ...
 
     def l2_norm(self, x: Tensor, n: int, eps: float) -> Tensor:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import hyserve_kernels as hk
 import numpy as np
 
+from hyserve.model.backend.rotary import Rotary
 from hyserve.model.memory import RecurrentState
 
 
@@ -48,10 +49,13 @@ class CpuRecurrentOps:
     def rms_norm_groups(self, x: np.ndarray, n: int, eps: float) -> np.ndarray:
         return hk.rms_norm(np.ascontiguousarray(x).reshape(-1, n), None, eps).reshape(x.shape)
 
-    def rms_norm_columns(self, x: np.ndarray, weight: np.ndarray, eps: float, width: int) -> np.ndarray:
-        n = len(weight)
-        cols = np.ascontiguousarray(x[:, :width])
-        return hk.rms_norm(cols.reshape(-1, n), weight, eps).reshape(len(x), width)
+    def rms_norm_columns(
+        self, x: np.ndarray, weight: np.ndarray, eps: float, width: int, rope: Rotary | None = None
+    ) -> np.ndarray:
+        out = self.rms_norm(self.columns(x, 0, width), weight, eps)  # the CPU backend's, as a copy then a norm
+        if rope is not None:  # in place, a token's heads to a row
+            self.rope(out.reshape(-1, rope.n_head * len(weight)), *rope)
+        return out
 
     def l2_norm(self, x: np.ndarray, n: int, eps: float) -> np.ndarray:
         return hk.l2_norm(np.ascontiguousarray(x).reshape(-1, n), eps).reshape(x.shape)

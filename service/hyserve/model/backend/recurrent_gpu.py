@@ -11,6 +11,7 @@ import hyserve_kernels._native as native
 import numpy as np
 
 from hyserve.model.backend.errors import GpuUnsupported
+from hyserve.model.backend.rotary import Rotary
 
 
 class GpuRecurrentState:
@@ -100,8 +101,10 @@ class GpuRecurrentOps:
     def rms_norm_groups(self, x: hk.GpuTensor, n: int, eps: float) -> hk.GpuTensor:
         return self.device.rms_norm(x, None, eps, n)
 
-    def rms_norm_columns(self, x: hk.GpuTensor, weight: hk.GpuTensor, eps: float, width: int) -> hk.GpuTensor:
-        return self.device.rms_norm(x, weight, eps, weight.shape[0], width)
+    def rms_norm_columns(
+        self, x: hk.GpuTensor, weight: hk.GpuTensor, eps: float, width: int, rope: Rotary | None = None
+    ) -> hk.GpuTensor:
+        return self.device.rms_norm(x, weight, eps, weight.shape[0], width, rope=rope)
 
     def l2_norm(self, x: hk.GpuTensor, n: int, eps: float) -> hk.GpuTensor:
         return native.gpu_l2_norm(self.device, x, n, eps)

@@ -1,0 +1,179 @@
+//! RMSNorm passes (norm.wgsl): over rows, over groups at the start of wider rows, with the
+//! residual add before it, and (fast numerics) with the quantization of its result for the
+//! matmul it feeds.
+
+use bytemuck::bytes_of;
+
+use super::device::{Access, Gpu, GpuBuffer, Kernel};
+use super::ops::{groups_wrapped, QuantizedAct, Rope, MATH, QUANTIZE_FAST_CORE, ROPE_PAIR};
+use super::Numerics;
+
+use Access::{Read, ReadWrite, Uniform};
+
+const NORM: &str = include_str!("shaders/norm.wgsl");
+const NORM_IO: &str = include_str!("shaders/norm_io.wgsl");
+const NORM_ADD_IO: &str = include_str!("shaders/norm_add_io.wgsl");
+const NORM_END: &str = include_str!("shaders/norm_end.wgsl");
+const NORM_QUANTIZE_END: &str = include_str!("shaders/norm_quantize_end.wgsl");
+static RMS_NORM_ROPE: Kernel = Kernel {
+    name: "rms_norm_rope",
+    sources: &[
+        MATH,
+        NORM_IO,
+        ROPE_PAIR,
+        include_str!("shaders/norm_rope_end.wgsl"),
+        NORM,
+    ],
+    entry: "main",
+    bindings: &[
+        (0, Read),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (9, Read),
+    ],
+};
+static RMS_NORM: Kernel = Kernel {
+    name: "rms_norm",
+    sources: &[MATH, NORM_IO, NORM_END, NORM],
+    entry: "main",
+    bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
+};
+static ADD_RMS_NORM: Kernel = Kernel {
+    name: "add_rms_norm",
+    sources: &[MATH, NORM_ADD_IO, NORM_END, NORM],
+    entry: "main",
+    bindings: &[
+        (0, ReadWrite),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (4, Read),
+    ],
+};
+/// The norms that also quantize their rows for the matmul they feed (fast numerics).
+static RMS_NORM_QUANTIZE: Kernel = Kernel {
+    name: "rms_norm_quantize",
+    sources: &[MATH, NORM_IO, QUANTIZE_FAST_CORE, NORM_QUANTIZE_END, NORM],
+    entry: "main",
+    bindings: &[
+        (0, Read),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (5, ReadWrite),
+        (6, ReadWrite),
+        (7, ReadWrite),
+        (8, ReadWrite),
+    ],
+};
+static ADD_RMS_NORM_QUANTIZE: Kernel = Kernel {
+    name: "add_rms_norm_quantize",
+    sources: &[
+        MATH,
+        NORM_ADD_IO,
+        QUANTIZE_FAST_CORE,
+        NORM_QUANTIZE_END,
+        NORM,
+    ],
+    entry: "main",
+    bindings: &[
+        (0, ReadWrite),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (4, Read),
+        (5, ReadWrite),
+        (6, ReadWrite),
+        (7, ReadWrite),
+        (8, ReadWrite),
+    ],
+};
+
+/// The rows an RMSNorm normalises: `rows` rows of `n` values, `per_row` of them side by side at
+/// the start of each input row of `x_stride` values (contiguous rows: 1 and `n`).
+pub struct NormRows {
+    pub rows: usize,
+    pub n: usize,
+    pub per_row: usize,
+    pub x_stride: usize,
+}
+
+/// What a norm's pass does with the rows it has written, before it ends (each the bits of the
+/// separate pass it spares).
+pub enum AfterNorm<'a> {
+    Nothing,
+    /// quantize them for matmuls of this Q8 act kind (fast numerics, contiguous rows), as
+    /// `matvec::matmul_many` would before its matmuls
+    Quantize(u32),
+    /// the rows are the heads of q or k: turn them by RoPE (`ops::rope`'s settings and table)
+    Rope(&'a GpuBuffer, &'a Rope),
+}
+
+/// RMSNorm of `rows` rows of `n` elements, times `weight` (length n) when given; with `add`,
+/// of x + add, which is written to x first (a residual stream and the norm after it, one pass);
+/// then `after` in the same pass. Returns the rows and, with `AfterNorm::Quantize`, their quants.
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &GpuBuffer,
+    add: Option<&GpuBuffer>,
+    rows: NormRows,
+    weight: Option<&GpuBuffer>,
+    eps: f32,
+    after: AfterNorm,
+) -> (GpuBuffer, Option<QuantizedAct>) {
+    let out = gpu.alloc((rows.rows * rows.n * 4) as u64);
+    let (gx, gy) = groups_wrapped(rows.rows);
+    let mut p: [u32; 12] = [
+        rows.n as u32,
+        rows.rows as u32,
+        eps.to_bits(),
+        u32::from(weight.is_some()),
+        gx,
+        rows.per_row as u32,
+        rows.x_stride as u32,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    let w = weight.map_or(&gpu.dummy, GpuBuffer::raw);
+    let q = match after {
+        AfterNorm::Quantize(kind) => {
+            assert!(
+                gpu.numerics() == Numerics::Fast && (3..=5).contains(&kind) && rows.per_row == 1,
+                "a norm quantizes its contiguous rows for a Q8 act kind in fast numerics"
+            );
+            Some(QuantizedAct::alloc(gpu, rows.rows, rows.n, kind))
+        }
+        _ => None,
+    };
+    let mut buffers = vec![x.raw(), w, out.raw()];
+    buffers.extend(add.map(GpuBuffer::raw));
+    let kernel = match (add.is_some(), &after, &q) {
+        (false, AfterNorm::Nothing, _) => &RMS_NORM,
+        (true, AfterNorm::Nothing, _) => &ADD_RMS_NORM,
+        (add, AfterNorm::Quantize(_), Some(q)) => {
+            buffers.extend(q.raw());
+            if add {
+                &ADD_RMS_NORM_QUANTIZE
+            } else {
+                &RMS_NORM_QUANTIZE
+            }
+        }
+        (false, AfterNorm::Rope(table, r), _) => {
+            assert!(
+                r.head_dim == rows.n && r.n_rot <= r.head_dim && rows.rows.is_multiple_of(r.n_head),
+                "a norm turns whole heads by RoPE"
+            );
+            p[8..11].copy_from_slice(&[r.n_head as u32, r.n_rot as u32, u32::from(r.neox)]);
+            buffers.push(table.raw());
+            &RMS_NORM_ROPE
+        }
+        _ => unreachable!("a residual norm is not followed by RoPE; quants come with Quantize"),
+    };
+    let act = q.as_ref().map(|q| ("ACT", q.kind));
+    gpu.dispatch(kernel, act.as_slice(), &buffers, bytes_of(&p), [gx, gy, 1]);
+    (out, q)
+}
