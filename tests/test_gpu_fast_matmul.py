@@ -12,6 +12,7 @@ import hyserve_kernels as hk
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from gpu_passes import passes_while
 from test_gpu_kernels import ALL_TYPES, K_QUANTS, random_matrix
 
 # several steps of 16 sub-blocks, the last one partial
@@ -77,20 +78,8 @@ def test_fast_tensors_split_across_bindings_give_the_same_rows(t: T) -> None:
 
 
 def passes(dev, m: hk.QMatrix, x: np.ndarray) -> dict[str, int]:
-    ts = hk.GpuTimestamps(dev)
-    if not ts.supported:
-        pytest.skip("the adapter has no timestamp queries")
     w, xt = dev.matrix(m), dev.tensor(x)
-    dev.flush()
-    ts.start()
-    try:
-        ts.take()
-        dev.to_host(dev.matmul(w, xt))
-        totals, untimed = ts.take()
-    finally:
-        ts.stop()
-    assert untimed == 0
-    return {name: n for name, (_, n) in totals.items() if name != "copy"}
+    return passes_while(dev, lambda: dev.to_host(dev.matmul(w, xt)))
 
 
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
@@ -131,28 +120,14 @@ def gated_of(op: str, gate: np.ndarray, up: np.ndarray) -> Callable:
     return lambda dev, feeds: [getattr(dev, op)(dev.tensor(gate), dev.tensor(up), feeds=feeds)]
 
 
-def passes_of(dev, m: hk.QMatrix, make: Callable) -> dict[str, int]:
-    ts = hk.GpuTimestamps(dev)
-    if not ts.supported:
-        pytest.skip("the adapter has no timestamp queries")
-    dev.flush()
-    ts.start()
-    try:
-        ts.take()
-        made_then_multiplied(dev, m, make, hint=True)
-        totals, _ = ts.take()
-    finally:
-        ts.stop()
-    return {name: n for name, (_, n) in totals.items() if name != "copy"}
-
-
 def assert_fused_when_q8(fast_device, t: T, m: hk.QMatrix, make: Callable, plain: str, fused: str) -> None:
     """The hinted path gives the plain path's bits everywhere, and for the Q8 kinds one pass less."""
     for got, want in zip(
         made_then_multiplied(fast_device, m, make, True), made_then_multiplied(fast_device, m, make, False)
     ):
         np.testing.assert_array_equal(got, want)
-    passes = passes_of(open_device(numerics="fast"), m, make)
+    dev = open_device(numerics="fast")
+    passes = passes_while(dev, lambda: made_then_multiplied(dev, m, make, hint=True))
     if t == T.F32:
         assert passes == {plain: 1, "matmul_fast": 1}, passes  # f32 activations are read as they are
     elif t == T.F16:

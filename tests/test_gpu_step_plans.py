@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import hyserve_kernels as hk
 import numpy as np
 import pytest
 from fixtures import make_models
+from gpu_passes import passes_while
 
 from hyserve.model.architectures.base import Architecture, Logits, Segment
 from hyserve.model.architectures.ffn import DenseFfn
@@ -175,8 +175,9 @@ def test_a_fast_step_quantizes_activations_in_the_passes_that_make_them(
     arch = ARCHITECTURES[name](GGUFFile.open(path), gpu_fast_backend)
     memory = arch.new_memory(64)
     arch.forward([Segment(memory, np.asarray(PROMPT, np.int32), Logits.NONE)])
+    step = [Segment(memory, np.asarray([3], np.int32), Logits.LAST)]
     with replaying(arch, False):
-        passes = passes_of_step(arch, memory)
+        passes = passes_while(arch.ops.device, lambda: arch.forward(step))
     # llama's layers hold their FFN matrices themselves; the hybrids' are dense or MoE; Mamba2 has none
     dense_ffns = (
         len(arch.layers) if name == "llama" else sum(isinstance(getattr(L, "ffn", None), DenseFfn) for L in arch.layers)
@@ -185,20 +186,3 @@ def test_a_fast_step_quantizes_activations_in_the_passes_that_make_them(
     assert passes.get("gated_quantize", 0) == dense_ffns, passes
     fused_norms = passes.get("rms_norm_quantize", 0) + passes.get("add_rms_norm_quantize", 0)
     assert fused_norms == len(arch.layers) + 1 + dense_ffns, passes  # layer inputs, the output, FFN inputs
-
-
-def passes_of_step(arch: Architecture, memory) -> dict[str, int]:
-    """Compute passes per kernel name of one decode step recorded op by op."""
-    device = arch.ops.device
-    ts = hk.GpuTimestamps(device)
-    if not ts.supported:
-        pytest.skip("the adapter has no timestamp queries")
-    device.flush()
-    ts.start()
-    try:
-        ts.take()
-        arch.forward([Segment(memory, np.asarray([3], np.int32), Logits.LAST)])
-        totals, _ = ts.take()
-    finally:
-        ts.stop()
-    return {kernel: n for kernel, (_, n) in totals.items()}

@@ -298,21 +298,6 @@ pub fn mamba2_scan(
     out
 }
 
-/// One dispatch of a recurrent_misc.wgsl entry over `n` invocations.
-#[allow(clippy::too_many_arguments)]
-fn misc(
-    gpu: &Gpu,
-    k: &Kernel,
-    dst: &GpuBuffer,
-    dst2: Option<&GpuBuffer>,
-    inputs: [Option<&GpuBuffer>; 4],
-    n: usize,
-    m: usize,
-    eps: f32,
-) {
-    misc_reading(gpu, k, dst, dst2, inputs, n, m, eps, RowsOfA::WHOLE);
-}
-
 /// Where sigmoid_mul reads `a` for dst's rows of m: `stride` values from one row to the next,
 /// starting at column `offset` (the gated attention's gate, the second half of each head).
 pub struct RowsOfA {
@@ -328,8 +313,9 @@ impl RowsOfA {
     };
 }
 
+/// One dispatch of a recurrent_misc.wgsl entry over `n` invocations.
 #[allow(clippy::too_many_arguments)]
-fn misc_reading(
+fn misc(
     gpu: &Gpu,
     k: &Kernel,
     dst: &GpuBuffer,
@@ -385,6 +371,7 @@ pub fn gdn_gates(
         n,
         m,
         0.0,
+        RowsOfA::WHOLE,
     );
     (g, beta)
 }
@@ -399,7 +386,7 @@ pub fn sigmoid_mul(
     m: usize,
     gate_rows: RowsOfA,
 ) {
-    misc_reading(
+    misc(
         gpu,
         &SIGMOID_MUL,
         dst,
@@ -423,6 +410,7 @@ pub fn mul_row(gpu: &Gpu, dst: &GpuBuffer, w: &GpuBuffer, n: usize, m: usize) {
         n,
         m,
         0.0,
+        RowsOfA::WHOLE,
     );
 }
 
@@ -438,6 +426,7 @@ pub fn l2_norm(gpu: &Gpu, x: &GpuBuffer, rows: usize, m: usize, eps: f32) -> Gpu
         rows,
         m,
         eps,
+        RowsOfA::WHOLE,
     );
     out
 }
