@@ -6,6 +6,7 @@ use bytemuck::bytes_of;
 
 use super::device::{Access, Gpu, GpuBuffer, Kernel};
 use super::ops::{groups_wrapped, QuantizedAct, Rope, MATH, QUANTIZE_FAST_CORE, ROPE_PAIR};
+use super::quantize::OUTPUTS;
 use super::Numerics;
 
 use Access::{Read, ReadWrite, Uniform};
@@ -61,10 +62,10 @@ static RMS_NORM_QUANTIZE: Kernel = Kernel {
         (1, Read),
         (2, ReadWrite),
         (3, Uniform),
-        (5, ReadWrite),
-        (6, ReadWrite),
-        (7, ReadWrite),
-        (8, ReadWrite),
+        OUTPUTS[0],
+        OUTPUTS[1],
+        OUTPUTS[2],
+        OUTPUTS[3],
     ],
 };
 static ADD_RMS_NORM_QUANTIZE: Kernel = Kernel {
@@ -83,10 +84,10 @@ static ADD_RMS_NORM_QUANTIZE: Kernel = Kernel {
         (2, ReadWrite),
         (3, Uniform),
         (4, Read),
-        (5, ReadWrite),
-        (6, ReadWrite),
-        (7, ReadWrite),
-        (8, ReadWrite),
+        OUTPUTS[0],
+        OUTPUTS[1],
+        OUTPUTS[2],
+        OUTPUTS[3],
     ],
 };
 

@@ -13,7 +13,9 @@ use super::Numerics;
 use Access::{Read, ReadWrite, Uniform};
 
 const QUANTIZE_FAST_MAIN: &str = include_str!("shaders/quantize_fast.wgsl");
-const OUTPUTS: [(u32, Access); 4] = [
+/// The bindings of the quants, scales and sums that quantize_fast_core.wgsl writes (xq, xd, xs,
+/// xh), in every kernel that includes it.
+pub(crate) const OUTPUTS: [(u32, Access); 4] = [
     (5, ReadWrite),
     (6, ReadWrite),
     (7, ReadWrite),
