@@ -80,9 +80,11 @@ class TracingBackend(CpuBackend):
             self.compare(f"matmul {w.rows}x{w.cols}", r, g)
         return rs
 
-    def rms_norm(self, x, weight, eps, feeds=(), rope=None):
+    def rms_norm(self, x, weight, eps, feeds=(), rope=None, gate=None):
         r = super().rms_norm(x, weight, eps)
         self.compare(f"rms_norm {len(weight)}", r, self.gpu.rms_norm(self.up(x), self.up(weight), eps))
+        if gate is not None:
+            self.mul_silu_(r, gate.reshape(r.shape))
         return r if rope is None else self.rope(r, *rope)
 
     def rope(self, x, n_head, positions, n_rot, base, scale, neox):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
+from gpu_passes import passes_while
 
 FLOAT_AND_LEGACY = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = [T.Q4_K, T.Q5_K, T.Q6_K]
@@ -187,6 +188,36 @@ def test_a_norm_turns_its_heads_by_rope_in_the_same_pass(gpu_device, gpu_fast_de
     np.testing.assert_array_equal(dev.to_host(fused).reshape(rows, -1), dev.to_host(apart))
     with pytest.raises(ValueError, match="RoPE"):
         dev.rms_norm(dev.tensor(x), dev.tensor(w[:8]), 1e-6, rope=rot)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast"])
+def test_a_norm_gates_its_output_in_the_same_pass(gpu_device, gpu_fast_device, fast: bool) -> None:
+    """`rms_norm(..., gate=)`: the groups normalised and multiplied by silu(gate) in one pass
+    are the bits of the norm and then `mul_silu` (the delta net's output: heads of d_v, the gate
+    as rows of all heads), in one pass where the two took two; other gates are refused."""
+    dev = gpu_fast_device if fast else gpu_device
+    rng = np.random.default_rng(37)
+    rows, heads, dv = 5, 4, 32
+    o = rng.standard_normal((rows, heads, dv)).astype(np.float32)
+    z = (rng.standard_normal((rows, heads * dv)) * 4).astype(np.float32)
+    w = rng.standard_normal(dv).astype(np.float32)
+    o_t, z_t, w_t = dev.tensor(o), dev.tensor(z), dev.tensor(w)
+    fused: list = []
+    passes = passes_while(dev, lambda: fused.append(dev.rms_norm(o_t, w_t, 1e-6, gate=z_t)))
+    assert passes == {"rms_norm_gate": 1}
+    apart = dev.rms_norm(o_t, w_t, 1e-6).reshape(rows, heads * dv)
+    dev.mul_silu(apart, z_t)
+    np.testing.assert_array_equal(dev.to_host(fused[0]).reshape(rows, -1), dev.to_host(apart))
+    if not fast:  # exact numerics: the CPU's bits too
+        cpu = hk.rms_norm(o.reshape(-1, dv), w, 1e-6).reshape(rows, -1)
+        cpu *= hk.silu(z.reshape(-1)).reshape(rows, -1)
+        np.testing.assert_array_equal(dev.to_host(apart), cpu)
+    for bad in (
+        dict(gate=dev.tensor(np.ascontiguousarray(z[:, :dv]))),
+        dict(gate=z_t, rope=(heads, dev.ids(np.arange(rows, dtype=np.int32)), 8, 1e4, 1.0, True)),
+    ):
+        with pytest.raises(ValueError, match="gate"):
+            dev.rms_norm(o_t, w_t, 1e-6, **bad)
 
 
 @pytest.mark.parametrize("neox", [False, True])

@@ -65,9 +65,11 @@ class OneUlpNoise(CpuBackend):
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def rms_norm(self, x, weight, eps, feeds=(), rope=None):
+    def rms_norm(self, x, weight, eps, feeds=(), rope=None, gate=None):
         r = super().rms_norm(x, weight, eps)
         r = np.nextafter(r, np.where(self.rng.random(r.shape) < 0.5, np.inf, -np.inf).astype(np.float32))
+        if gate is not None:
+            self.mul_silu_(r, gate.reshape(r.shape))
         return r if rope is None else self.rope(r, *rope)
 
 

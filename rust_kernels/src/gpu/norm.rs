@@ -1,11 +1,13 @@
 //! RMSNorm passes (norm.wgsl): over rows, over groups at the start of wider rows, with the
-//! residual add before it, and (fast numerics) with the quantization of its result for the
-//! matmul it feeds.
+//! residual add before it, and then in the same pass (fast numerics) the quantization of its
+//! result for the matmul it feeds, RoPE of the heads it normalised, or an output gate.
 
 use bytemuck::bytes_of;
 
 use super::device::{Access, Gpu, GpuBuffer, Kernel};
-use super::ops::{groups_wrapped, QuantizedAct, Rope, MATH, QUANTIZE_FAST_CORE, ROPE_PAIR};
+use super::ops::{
+    groups_wrapped, QuantizedAct, Rope, ACTIVATIONS, MATH, QUANTIZE_FAST_CORE, ROPE_PAIR,
+};
 use super::quantize::OUTPUTS;
 use super::Numerics;
 
@@ -31,6 +33,25 @@ static RMS_NORM_ROPE: Kernel = Kernel {
         (1, Read),
         (2, ReadWrite),
         (3, Uniform),
+        (9, Read),
+    ],
+};
+static RMS_NORM_GATE: Kernel = Kernel {
+    name: "rms_norm_gate",
+    sources: &[
+        MATH,
+        NORM_IO,
+        ACTIVATIONS,
+        include_str!("shaders/norm_gate_end.wgsl"),
+        NORM,
+    ],
+    entry: "main",
+    bindings: &[
+        (0, Read),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (4, Read), // activations.wgsl's GELU table: not read by SiLU
         (9, Read),
     ],
 };
@@ -109,6 +130,9 @@ pub enum AfterNorm<'a> {
     Quantize(u32),
     /// the rows are the heads of q or k: turn them by RoPE (`ops::rope`'s settings and table)
     Rope(&'a GpuBuffer, &'a Rope),
+    /// multiply them by silu of this gate, as long as the result and indexed as it (contiguous
+    /// rows): the bits of `ops::elementwise`'s `MulSilu` after the norm
+    Gate(&'a GpuBuffer),
 }
 
 /// RMSNorm of `rows` rows of `n` elements, times `weight` (length n) when given; with `add`,
@@ -172,7 +196,15 @@ pub fn rms_norm(
             buffers.push(table.raw());
             &RMS_NORM_ROPE
         }
-        _ => unreachable!("a residual norm is not followed by RoPE; quants come with Quantize"),
+        (false, AfterNorm::Gate(gate), _) => {
+            assert!(
+                rows.per_row == 1 && rows.x_stride == rows.n,
+                "a norm gates contiguous rows"
+            );
+            buffers.extend([&gpu.dummy, gate.raw()]);
+            &RMS_NORM_GATE
+        }
+        _ => unreachable!("a residual norm is neither turned nor gated; quants come with Quantize"),
     };
     let act = q.as_ref().map(|q| ("ACT", q.kind));
     gpu.dispatch(kernel, act.as_slice(), &buffers, bytes_of(&p), [gx, gy, 1]);

@@ -20,9 +20,11 @@ impl GpuDevice {
     /// are normalised, into a rows × width tensor: no copy of those columns first. `feeds`: the
     /// matrices the result goes into next (a hint; see the module). `rope`: (n_head, positions,
     /// n_rot, base, freq_scale, neox) when the groups are heads that RoPE turns next, in the same
-    /// pass (the bits of `rope` after the norm).
+    /// pass (the bits of `rope` after the norm). `gate`: a tensor of as many values, the result
+    /// multiplied by silu(gate) in the same pass (the bits of `mul_silu` after the norm; whole
+    /// groups only, with neither `rope` nor `feeds`).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, weight, eps, n=None, width=None, feeds=None, rope=None))]
+    #[pyo3(signature = (x, weight, eps, n=None, width=None, feeds=None, rope=None, gate=None))]
     fn rms_norm(
         &self,
         x: PyRef<'_, GpuTensor>,
@@ -32,6 +34,7 @@ impl GpuDevice {
         width: Option<usize>,
         feeds: Option<Vec<PyRef<'_, GpuMatrix>>>,
         rope: Option<RopeArgs<'_>>,
+        gate: Option<PyRef<'_, GpuTensor>>,
     ) -> PyResult<GpuTensor> {
         let n = n
             .or(weight.as_ref().map(|w| w.size()))
@@ -66,6 +69,17 @@ impl GpuDevice {
             }
         }
         let weight = weight.as_ref().map(|w| &*w.buf);
+        if let Some(gate) = &gate {
+            if width.is_some() || rope.is_some() || feeds.is_some() || gate.size() != x.size() {
+                return Err(value_error(format!(
+                    "rms_norm: a gate of {:?} for {:?} (whole groups, no rope or feeds)",
+                    gate.shape, x.shape
+                )));
+            }
+            let after = AfterNorm::Gate(&gate.buf);
+            let (out, _) = norm::rms_norm(&self.gpu, &x.buf, None, rows, weight, eps, after);
+            return Ok(self.tensor_of(out, shape));
+        }
         if let Some(args) = &rope {
             let (r, table) = self.rope_settings(&shape, args)?;
             if r.head_dim != n {

@@ -264,8 +264,7 @@ class QwenHybrid(Architecture):
                 if o is None:
                     o = ops.empty((rows, nv, dv))
                 ops.put_rows(o, span.start, out)
-        y = ops.rms_norm(o, L.norm, self.eps).reshape(rows, nv * dv)
-        ops.mul_silu_(y, z)
+        y = ops.rms_norm(o, L.norm, self.eps, gate=z).reshape(rows, nv * dv)  # y = norm(o) * silu(z)
         return ops.matmul(L.w_out, y, cancel)
 
     def _scan(

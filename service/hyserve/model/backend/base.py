@@ -50,13 +50,21 @@ class Backend(RecurrentOps, Protocol):
     def matmul(self, w: Matrix, x: Tensor, cancel: hk.CancelFlag | None = None) -> Tensor: ...
     def matmul_many(self, ws: Sequence[Matrix], x: Tensor, cancel: hk.CancelFlag | None = None) -> list[Tensor]: ...
     def rms_norm(
-        self, x: Tensor, weight: Tensor, eps: float, feeds: Sequence[Matrix] = (), rope: Rotary | None = None
+        self,
+        x: Tensor,
+        weight: Tensor,
+        eps: float,
+        feeds: Sequence[Matrix] = (),
+        rope: Rotary | None = None,
+        gate: Tensor | None = None,
     ) -> Tensor:
         """RMSNorm over consecutive groups of len(weight) values (rows, or heads within rows).
         `feeds`: the matrices the result goes into next, a hint that changes no value (a device
         may quantize the result for them in the norm's own pass, sparing the matmul that pass).
         `rope`: the groups are heads, turned by RoPE after the norm (one pass on a device; the
-        bits of `rope(rms_norm(x), *rope)`)."""
+        bits of `rope(rms_norm(x), *rope)`). `gate`: as many values as x, the result multiplied
+        by silu(gate) (one pass on a device; the bits of `mul_silu_` after the norm; neither
+        `rope` nor `feeds` with it)."""
         ...
 
     def rope(

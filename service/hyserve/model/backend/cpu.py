@@ -52,9 +52,12 @@ class CpuBackend(CpuRecurrentOps):
         eps: float,
         feeds: Sequence[hk.QMatrix] = (),
         rope: Rotary | None = None,
+        gate: np.ndarray | None = None,
     ) -> np.ndarray:
         n = len(weight)
         out = hk.rms_norm(np.ascontiguousarray(x).reshape(-1, n), weight, eps).reshape(x.shape)
+        if gate is not None:
+            self.mul_silu_(out, gate.reshape(out.shape))
         return out if rope is None else self.rope(out, *rope)
 
     def rope(

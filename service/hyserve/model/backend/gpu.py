@@ -123,7 +123,10 @@ class GpuBackend(GpuRecurrentOps):
         eps: float,
         feeds: Sequence[hk.GpuMatrix] = (),
         rope: Rotary | None = None,
+        gate: hk.GpuTensor | None = None,
     ) -> hk.GpuTensor:
+        if gate is not None:  # the one pass has no quantizing end: the matmul quantizes
+            return self.device.rms_norm(x, weight, eps, gate=gate)
         return self.device.rms_norm(x, weight, eps, feeds=list(feeds), rope=rope)
 
     def rope(
