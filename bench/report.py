@@ -50,13 +50,17 @@ def provenance() -> dict:
     }
 
 
-def publish(result: dict, out: Path, name: str, draw: Callable[[dict, Path], None], shown: dict | None = None) -> None:
-    """Write the JSON (with `provenance` added) and the PNG, and print `shown` (default: the whole
-    result) as JSON."""
+def save(result: dict, out: Path, name: str, draw: Callable[[dict, Path], None]) -> None:
+    """Write the JSON (with `provenance` added) and the PNG."""
     out.mkdir(parents=True, exist_ok=True)
     result.setdefault("provenance", provenance())
     (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     draw(result, out / f"{name}.png")
+
+
+def publish(result: dict, out: Path, name: str, draw: Callable[[dict, Path], None], shown: dict | None = None) -> None:
+    """`save`, then print `shown` (default: the whole result) as JSON."""
+    save(result, out, name, draw)
     print(json.dumps(result if shown is None else shown, indent=2))
 
 

@@ -29,7 +29,7 @@ import hyserve_kernels as hk
 import numpy as np
 import structlog
 from redis_process import running_redis
-from report import publish
+from report import publish, save
 
 from hyserve.engine.config import EngineConfig
 from hyserve.engine.engine import Engine
@@ -199,12 +199,13 @@ def main() -> None:
         for spec in args.model or ["default"]:
             model = load_model(spec)
             identity = model_fingerprint(model.path)
-            rows = []
+            rows: list[dict] = []
+            result["models"].append({"model": f"{model.gguf.architecture} {model.path.name}", "rows": rows})
             for n in args.tokens:
                 rows.append(measure(model, identity, n, redis.url, Path(tmp), args.repeats))
                 redis.client().flushdb()  # a 16k-token hybrid entry is GiBs: keep one length's at a time
                 shutil.rmtree(Path(tmp) / f"disk-{n}", ignore_errors=True)
-            result["models"].append({"model": f"{model.gguf.architecture} {model.path.name}", "rows": rows})
+                save(result, args.out, args.name, draw)  # the rows so far survive a run cut short
     publish(result, args.out, args.name, draw)
 
 

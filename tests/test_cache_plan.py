@@ -17,6 +17,7 @@ from hyserve.engine.cache_plan import (
     LogBlockView,
     MemoryKind,
     QueuedPrompt,
+    ResumeCosts,
     SlotCandidate,
     StoreCandidate,
     chat_checkpoint_positions,
@@ -240,6 +241,53 @@ def test_admissions_are_fifo_and_never_share_a_slot_or_an_entry() -> None:
     assert [(a.queue_pos, a.store_key) for a in plan] == [(0, 3), (1, None)]
     assert len({a.slot for a in plan}) == 2
     assert plan_admissions([([1], True)], []) == []
+
+
+# 1 ms per prompt token; memory free, disk 1 us per byte (1 MB/s), shared 2 us per byte
+COSTS = ResumeCosts(1e-3, {"disk": 1e-6, "shared": 2e-6})
+
+
+def test_with_costs_an_entry_is_taken_only_when_reading_it_costs_less_than_the_tokens_it_saves() -> None:
+    conv = seq(100)
+    prompt = [*conv, *seq(10, 3000)]
+    free = [slot(0, attention(conv[:40]), 1)]  # resumes at 40: 70 tokens to evaluate, 70 ms
+    # resumes at 100 (10 tokens, 10 ms) after reading 50 kB from disk (50 ms): 60 ms < 70 ms
+    cheap = StoreCandidate(-1, attention(conv), "disk", 50_000)
+    [adm] = plan_admissions([(prompt, True)], free, [cheap], costs=COSTS)
+    assert (adm.store_key, adm.plan.resume, adm.passed_over) == (-1, 100, None)
+    # 70 kB: 80 ms against 70 ms: the slot resumes at 40 and the entry is counted as passed over
+    costly = StoreCandidate(-1, attention(conv), "disk", 70_000)
+    [adm] = plan_admissions([(prompt, True)], free, [costly], costs=COSTS)
+    assert (adm.store_key, adm.slot, adm.plan.resume, adm.plan.source, adm.passed_over) == (None, 0, 40, LIVE, "disk")
+    # without costs the furthest resume wins, whatever it reads
+    [adm] = plan_admissions([(prompt, True)], free, [costly])
+    assert (adm.store_key, adm.plan.resume, adm.passed_over) == (-1, 100, None)
+
+
+def test_with_costs_the_cheapest_entry_wins_over_the_furthest() -> None:
+    conv = seq(200)
+    prompt = [*conv, 7]
+    free = [slot(0, attention([]), 0)]
+    store = [
+        StoreCandidate(-(1 << 41), attention(conv), "shared", 10_000),  # 200: 1 token + 20 ms
+        StoreCandidate(-1, attention(conv[:190]), "disk", 1_000),  # 190: 11 tokens + 1 ms
+        StoreCandidate(3, attention(conv[:150]), "memory", 10**9),  # 150: 51 tokens, memory is free
+    ]
+    [adm] = plan_admissions([(prompt, True)], free, store, costs=COSTS)
+    assert (adm.store_key, adm.plan.resume) == (-1, 190)
+    [adm] = plan_admissions([(prompt, True)], free, store)
+    assert (adm.store_key, adm.plan.resume) == (-(1 << 41), 200)
+    # equal costs and reach: the first offered (the nearest tier: host entries come first)
+    even = [StoreCandidate(1, attention(conv), "memory", 0), StoreCandidate(-1, attention(conv), "disk", 0)]
+    assert plan_admissions([(prompt, True)], free, even, costs=COSTS)[0].store_key == 1
+
+
+def test_resume_costs_refuse_rates_that_cannot_price() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        ResumeCosts(0.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        ResumeCosts(1e-3, {"disk": -1.0})
+    assert ResumeCosts(1e-3).seconds(10, 4, "disk", 10**9) == pytest.approx(6e-3)  # an unknown tier reads free
 
 
 # --- checkpoint schedule -------------------------------------------------------------------------

@@ -123,12 +123,30 @@ def _with_header(data: bytes, **changes: object) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
+def _with_arrays(data: bytes, arrays: bytes) -> bytes:
+    """The file with other bytes where its arrays are, and a valid checksum."""
+    (n,) = struct.unpack_from("<Q", data, len(MAGIC))
+    body = data[: len(MAGIC) + 8 + n] + arrays
+    return body + hashlib.sha256(body).digest()
+
+
 def test_corrupt_truncated_foreign_and_other_version_files_are_refused(hybrid_entry: StoredSequence) -> None:
     data = encode_entry(hybrid_entry, ID)
     flipped = bytearray(data)
     flipped[len(data) // 2] ^= 1
+    (n,) = struct.unpack_from("<Q", data, len(MAGIC))
+    arrays = data[len(MAGIC) + 8 + n : -32]
     cases = {
-        "corrupt": [bytes(flipped), data[: len(data) - 100], data[:10], b""],
+        # checksummed, but not arrays: junk, a cut array, a header that is not a dict literal
+        "corrupt": [
+            bytes(flipped),
+            data[: len(data) - 100],
+            data[:10],
+            b"",
+            _with_arrays(data, b"junk" * 10),
+            _with_arrays(data, arrays[:-7]),
+            _with_arrays(data, arrays[:10] + b"(" + arrays[11:]),
+        ],
         "version": [_with_header(data, version=99)],
         "identity": [_with_header(data, identity="model-b|qwen35|cpu|0.1.0")],
     }

@@ -5,15 +5,14 @@ answer; a server process authenticates with a password file and sets the TTL on 
 
 from __future__ import annotations
 
-import queue
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from engine_ask import ask
 from fixtures import make_models
 from redis_process import RedisServer, redis_server_binary, running_redis
 from server_process import free_port, running_server
@@ -23,11 +22,8 @@ from test_server_hybrid import generate, reference
 from hyserve.engine.cache_plan import ReuseSource
 from hyserve.engine.config import EngineConfig
 from hyserve.engine.engine import Engine
-from hyserve.engine.sampling import SamplingParams
 from hyserve.engine.stats import TierCounters
-from hyserve.engine.stop import StopRule
 from hyserve.engine.store_tiers.shared import SharedTier, SharedTierConfig
-from hyserve.engine.task import AcceptedEvent, DeltaEvent, FailedEvent, FinishedEvent, Task
 from hyserve.model.loader import LoadedModel, load_model
 
 GUARD_S = 120.0  # only against a hang: every wait below is for a condition
@@ -43,40 +39,6 @@ def wait_until(what: str, predicate: Callable[[], bool]) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for: {what}")
         time.sleep(0.02)
-
-
-@dataclass
-class Answer:
-    accepted: AcceptedEvent
-    tokens: list[int]
-    finished: FinishedEvent
-
-
-_ids = iter(range(10**9))
-
-
-def ask(engine: Engine, prompt: list[int], n: int = 5) -> Answer:
-    events: queue.Queue[object] = queue.Queue()
-    task = Task(
-        id=f"s{next(_ids)}",
-        prompt=tuple(prompt),
-        params=SamplingParams(),
-        stop=StopRule(max_tokens=n, ignore_eos=True),
-        sink=events.put,
-    )
-    engine.submit(task)
-    accepted, tokens = None, []
-    while True:
-        event = events.get(timeout=GUARD_S)
-        if isinstance(event, AcceptedEvent):
-            accepted = event
-        elif isinstance(event, DeltaEvent):
-            tokens += event.token_ids
-        elif isinstance(event, FailedEvent):
-            raise AssertionError(f"task failed: {event.message}")
-        elif isinstance(event, FinishedEvent):
-            assert accepted is not None
-            return Answer(accepted, tokens, event)
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +200,7 @@ def test_a_store_that_is_down_stalled_or_full_never_fails_a_request(
         served_and_counted(store, "down", 1)  # connection refused
 
 
-def _metric(port: int, name: str, tier: str) -> float:
+def metric(port: int, name: str, tier: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     line = f'{name}{{tier="{tier}"}} '
     return next(float(row.removeprefix(line)) for row in text.splitlines() if row.startswith(line))
@@ -255,9 +217,9 @@ def test_a_server_authenticates_with_a_password_file_and_sets_the_ttl(model_path
         with running_server(tmp_path / "server.log", *args) as target:
             _, tokens, _ = generate(target, PROMPT, 5)
             assert tokens == reference(model_path, PROMPT, 5)
-            wait_until("written", lambda: _metric(metrics, "hyserve_store_tier_writes_total", "shared") >= 1)
-            assert _metric(metrics, "hyserve_store_tier_errors_total", "shared") == 0
-            assert _metric(metrics, "hyserve_store_tier_misses_total", "shared") == 1  # the first lookup
+            wait_until("written", lambda: metric(metrics, "hyserve_store_tier_writes_total", "shared") >= 1)
+            assert metric(metrics, "hyserve_store_tier_errors_total", "shared") == 0
+            assert metric(metrics, "hyserve_store_tier_misses_total", "shared") == 1  # the first lookup
         client = store.client()
         keys = list(client.scan_iter("hyserve:*"))
         assert keys and all(0 < client.ttl(k) <= 600 for k in keys)

@@ -160,6 +160,7 @@ class StatsCollector(Collector):
             ("errors", "Tier failures (unreachable, timed out, full, rejected entries); no request fails."),
             ("dropped", "Entries not written because the tier's writer was behind."),
             ("read_seconds", "Seconds spent reading this tier: lookups, loads and restores into slots."),
+            ("passed_over", "Entries of this tier not taken: reading them cost more than the prefill they save."),
         ):
             family = CounterMetricFamily(f"{PREFIX}_store_tier_{what}", doc, labels=["tier"])
             for tier, counts in c.tiers.items():

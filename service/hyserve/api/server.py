@@ -46,6 +46,7 @@ from hyserve.api.limits import (
 )
 from hyserve.api.metrics_http import MetricsEndpoint
 from hyserve.api.raw_codec import add_hyserve_service
+from hyserve.api.resume_args import add_resume_arguments, pinned_rates
 from hyserve.api.security import Security, SecurityConfig, add_security_arguments
 from hyserve.api.servicer import SERVICE_NAME, HyserveServicer, Runtime, model_info
 from hyserve.api.shared_cache_args import add_shared_cache_arguments, shared_cache_config
@@ -57,6 +58,7 @@ from hyserve.operator_errors import OperatorError, is_operator_error, model_path
 from hyserve.spec_flags import add_spec_arguments, spec_config, spec_flag_error
 
 if TYPE_CHECKING:
+    from hyserve.engine.resume_rates import PinnedRates
     from hyserve.engine.store_tiers.shared import SharedTierConfig
 
 log = structlog.get_logger(__name__)
@@ -102,6 +104,8 @@ class ServeConfig:
     cache_dir: str | None = None  # the prefix store's disk tier (with cache_disk_bytes)
     cache_disk_bytes: int = 0
     shared_cache: SharedTierConfig | None = None  # the prefix store's shared tier (--cache-redis)
+    cache_resume: str = "cheapest"  # resume from the cheapest or the furthest slot / store entry
+    cache_resume_rates: PinnedRates | None = None  # None: measured as the engine runs
     replay_memory_mib: int = 1024
     metrics_port: int | None = None
     swa_cache: str = "full"
@@ -148,6 +152,8 @@ class ServeConfig:
             cache_dir=args.cache_dir,
             cache_disk_bytes=args.cache_disk_bytes,
             shared_cache=shared_cache_config(args),
+            cache_resume=args.cache_resume,
+            cache_resume_rates=pinned_rates(args),
             replay_memory_mib=args.replay_memory,
             metrics_port=args.metrics_port,
             swa_cache=args.swa_cache,
@@ -205,6 +211,7 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         help="byte budget of the disk tier, least recently used files go first (0: off)",
     )
     add_shared_cache_arguments(p)
+    add_resume_arguments(p)
     p.add_argument(
         "--http-port", type=int, default=None, help="also serve the OpenAI-compatible HTTP API on this port (0: any)"
     )
@@ -343,6 +350,8 @@ def load_runtime(config: ServeConfig) -> Runtime:
             cache_disk_bytes=config.cache_disk_bytes,
             model_identity=model_fingerprint(config.model) if config.cache_dir or config.shared_cache else "",
             shared_cache=config.shared_cache,
+            resume_choice=config.cache_resume,
+            resume_rates=config.cache_resume_rates,
             replay_memory=config.replay_memory_mib << 20,
             window_ring=config.swa_cache == "ring",
             max_queued_prompt_tokens=config.queued_prompt_tokens,

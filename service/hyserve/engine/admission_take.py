@@ -47,6 +47,7 @@ def take_admissions(shared: Shared, stash: StateStash, slots: Sequence[Slot], ch
             stash.candidates(),
             store_enabled=stash.enabled,
             checkpoint_interval=checkpoint_interval,
+            costs=stash.rates.costs(),
         )
         tasks = [shared.queue.pop() for _ in plan]
         for task in tasks:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hyserve.engine.resume_rates import PinnedRates
 from hyserve.engine.speculative import SpecConfig
 from hyserve.engine.store_tiers.shared import SharedTierConfig
 
@@ -26,6 +27,10 @@ class EngineConfig:
     cache_disk_bytes: int = 0  # byte budget of the disk tier's files (0: off)
     model_identity: str = ""  # names the model file and build in stored entries (store_tiers.format)
     shared_cache: SharedTierConfig | None = None  # the prefix store's shared tier on Redis (None: off)
+    # a prompt resumes from the cheapest of a free slot and the store entries ("cheapest": reading
+    # an entry is priced against evaluating the tokens it saves) or from the furthest ("furthest")
+    resume_choice: str = "cheapest"
+    resume_rates: PinnedRates | None = None  # the rates it prices with (None: measured as the engine runs)
     window_ring: bool = False  # sliding-window layers as ring buffers (with window checkpoints)
     max_queued_prompt_tokens: int = 0  # prompt tokens all waiting tasks may hold together (0: no limit)
     check_invariants: bool = False  # test hook: verify I1-I3 after every iteration (doubles the model work)
@@ -48,5 +53,7 @@ class EngineConfig:
             raise ValueError("checkpoint_memory, cache_memory, checkpoint_interval and replay_memory must be >= 0")
         if self.cache_disk_bytes < 0:
             raise ValueError("cache_disk_bytes must be >= 0")
+        if self.resume_choice not in ("cheapest", "furthest"):
+            raise ValueError("resume_choice must be cheapest or furthest")
         if self.constraint_masks not in ("auto", "background", "inline"):
             raise ValueError("constraint_masks must be auto, background or inline")

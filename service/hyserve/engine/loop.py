@@ -207,6 +207,8 @@ class EngineLoop:
         else:
             if admission.store_miss:
                 self.shared.count(prefix_store_misses=1)
+            if admission.passed_over is not None:
+                self.shared.count_tier(admission.passed_over, passed_over=1)
             first_logits = self._apply_plan(slot, plan)
         with self.shared.lock:
             c = self.shared.counters
@@ -334,6 +336,7 @@ class EngineLoop:
             segments.append(Segment(slot.memory, tokens, want, {} if keep else None))
         # Only a batch of one task may stop mid-forward: other tasks' rows must go on untouched.
         only = self.slots[items[0].index].run if len(items) == 1 else None
+        started = time.perf_counter()
         try:
             outputs = self.arch.forward(segments, only.task.cancel_flag.native if only else None)
         except ForwardCancelled:
@@ -349,6 +352,8 @@ class EngineLoop:
                     self._fail(run, f"model evaluation failed: {type(exc).__name__}: {exc}")
             return
         now = time.perf_counter()
+        if not all(item.decode for item in items):  # what a prompt token costs: the plan prices resumes with it
+            self.stash.rates.prompt_forward(sum(len(segment.tokens) for segment in segments), now - started)
         for item, segment, logits in zip(items, segments, outputs):
             slot = self.slots[item.index]
             run = slot.run

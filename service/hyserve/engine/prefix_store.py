@@ -73,7 +73,7 @@ class PrefixStore:
         return list(self._entries.values())
 
     def candidates(self) -> list[StoreCandidate]:
-        return [StoreCandidate(key, e.view()) for key, e in self._entries.items()]
+        return [StoreCandidate(key, e.view(), "memory", e.nbytes) for key, e in self._entries.items()]
 
     def get(self, key: int) -> StoredSequence:
         entry = self._entries[key]

@@ -19,6 +19,7 @@ from hyserve.engine.cache_plan import ResumePlan, ReuseSource, StoreCandidate
 from hyserve.engine.checkpoints import CheckpointList
 from hyserve.engine.config import EngineConfig
 from hyserve.engine.prefix_store import PrefixStore, StoredSequence
+from hyserve.engine.resume_rates import ResumeRates
 from hyserve.engine.shared import Shared
 from hyserve.engine.slot import Slot
 from hyserve.engine.store_tiers import DiskTier
@@ -62,6 +63,8 @@ class StateStash:
         self.disk: DiskTier | None = None
         self.shared_tier: SharedTier | None = None
         self.served_by: dict[int, str] = {}  # slot index -> the tier of the entry it was last loaded from
+        self.rates = ResumeRates(config.resume_rates, config.resume_choice == "cheapest")
+        self._read_seconds: dict[int, float] = {}  # entry key -> seconds its tier took to read it (get)
         # the file, the architecture, where the math runs and the kernels' build decide the bits;
         # ring-buffer window layers keep no full KV in an entry: their entries fit ring memory only
         parts = (config.model_identity, arch.name, arch.ops.name, _kernels_version(), str(config.window_ring))
@@ -109,9 +112,11 @@ class StateStash:
             return None
         start = time.perf_counter()
         entry = tier.load(key)
-        self.shared.count_tier(name, read_seconds=time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.shared.count_tier(name, read_seconds=seconds)
         if entry is not None:
             entry.key = key
+            self._read_seconds[key] = seconds
         return entry
 
     def put(self, slot: Slot) -> None:
@@ -137,13 +142,16 @@ class StateStash:
         start = time.perf_counter()
         cp = entry.checkpoints.get(plan.restore) if plan.restore is not None else None
         dropped = slot.checkpoints.clear()
+        tier = tier_of(entry.key)
         if plan.replay_from is None:
             slot.load(entry, plan.resume, cp)
         else:
             slot.load_for_replay(entry, plan.replay_from, cp, plan.resume)
+        # what moving the entry cost (a replay is priced with the prompt's tokens, not the read)
+        self.rates.entry_read(tier, entry.nbytes, time.perf_counter() - start + self._read_seconds.pop(entry.key, 0.0))
+        if plan.replay_from is not None:
             self.shared.count(replays=1, replayed_tokens=slot.replay(self.arch, entry.tokens, plan.resume))
         self.shared.count(checkpoints_invalidated=len(dropped), restores=1, prefix_store_hits=1)
-        tier = tier_of(entry.key)
         self.served_by[slot.index] = tier
         if tier == "memory":
             self.shared.count_tier("memory", hits=1, bytes_read=entry.nbytes)

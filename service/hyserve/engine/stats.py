@@ -67,6 +67,7 @@ class TierCounters:
     errors: int = 0  # failures: unreachable, timed out, full, rejected (corrupt, foreign) entries
     dropped: int = 0  # entries not written because the writer was behind
     read_seconds: float = 0.0  # engine time spent reading it: lookups, loads, restores into slots
+    passed_over: int = 0  # entries that resumed further than a slot, not taken: reading them cost more
 
 
 @dataclass

@@ -519,7 +519,7 @@ class CacheCounters(_message.Message):
     def __init__(self, prompt_tokens_received: _Optional[int] = ..., prompt_tokens_reused: _Optional[int] = ..., prompt_tokens_processed: _Optional[int] = ..., restores: _Optional[int] = ..., full_reprocess_by_reason: _Optional[_Mapping[str, int]] = ..., checkpoints_created: _Optional[int] = ..., checkpoints_evicted: _Optional[int] = ..., checkpoints_invalidated: _Optional[int] = ..., prefix_store_hits: _Optional[int] = ..., prefix_store_misses: _Optional[int] = ..., reprocessed_tokens_by_reason: _Optional[_Mapping[str, int]] = ..., prefix_store_evicted: _Optional[int] = ..., replays: _Optional[int] = ..., replayed_tokens: _Optional[int] = ..., input_blocks_evicted: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCounters, _Mapping]]] = ...) -> None: ...
 
 class TierCounters(_message.Message):
-    __slots__ = ("tier", "hits", "misses", "writes", "bytes_read", "bytes_written", "errors", "dropped", "read_seconds")
+    __slots__ = ("tier", "hits", "misses", "writes", "bytes_read", "bytes_written", "errors", "dropped", "read_seconds", "passed_over")
     TIER_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -529,6 +529,7 @@ class TierCounters(_message.Message):
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     READ_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASSED_OVER_FIELD_NUMBER: _ClassVar[int]
     tier: StoreTier
     hits: int
     misses: int
@@ -538,7 +539,8 @@ class TierCounters(_message.Message):
     errors: int
     dropped: int
     read_seconds: float
-    def __init__(self, tier: _Optional[_Union[StoreTier, str]] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., writes: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., read_seconds: _Optional[float] = ...) -> None: ...
+    passed_over: int
+    def __init__(self, tier: _Optional[_Union[StoreTier, str]] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., writes: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., errors: _Optional[int] = ..., dropped: _Optional[int] = ..., read_seconds: _Optional[float] = ..., passed_over: _Optional[int] = ...) -> None: ...
 
 class ModelInfoRequest(_message.Message):
     __slots__ = ()

@@ -13,11 +13,12 @@ ARCHITECTURE.md "The prompt cache" is the specification. Words used here:
   alone, bit for bit (a "replay").
 
 `plan_resume` picks where a prompt resumes on one cached sequence (`resume.py`); `plan_admissions`
-picks the slot (and prefix-store entry) for each queued prompt and returns every decision the engine
-then carries out as plain data on `Admission` (the resume plan, whether the slot's state is stashed
-in the prefix store first, whether the store entry is consumed, the checkpoint positions;
-`admission.py`); `checkpoint_schedule` says where checkpoints are taken while a prompt is processed
-and `chat_checkpoint_positions` where a chat is likely to diverge next time (`placement.py`);
+picks the slot (and prefix-store entry: with `ResumeCosts`, the cheapest resume, `costs.py`) for
+each queued prompt and returns every decision the engine then carries out as plain data on
+`Admission` (the resume plan, whether the slot's state is stashed in the prefix store first,
+whether the store entry is consumed, the checkpoint positions; `admission.py`);
+`checkpoint_schedule` says where checkpoints are taken while a prompt is processed and
+`chat_checkpoint_positions` where a chat is likely to diverge next time (`placement.py`);
 `choose_evictions` / `choose_log_evictions` keep checkpoints and kept inputs within their byte
 budgets, and `subsumes` tells when a store entry is made redundant by a newer one (`budgets.py`).
 The kinds they speak of are in `kinds.py`. This package's namespace holds all of them.
@@ -31,6 +32,7 @@ from hyserve.engine.cache_plan.budgets import (
     choose_log_evictions,
     subsumes,
 )
+from hyserve.engine.cache_plan.costs import ResumeCosts
 from hyserve.engine.cache_plan.kinds import CheckpointKind, MemoryKind, ReuseSource
 from hyserve.engine.cache_plan.placement import (
     GENERATION_PROMPT_BOUNDARY_TOKENS,
@@ -60,6 +62,7 @@ __all__ = [
     "LogBlockView",
     "MemoryKind",
     "QueuedPrompt",
+    "ResumeCosts",
     "ResumePlan",
     "ReuseSource",
     "SlotCandidate",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hyserve.engine.cache_plan.costs import ResumeCosts
 from hyserve.engine.cache_plan.kinds import CheckpointKind, MemoryKind
 from hyserve.engine.cache_plan.placement import checkpoint_schedule
 from hyserve.engine.cache_plan.resume import CachedView, ResumePlan, common_prefix_len, plan_resume
@@ -28,6 +29,8 @@ class SlotCandidate:
 class StoreCandidate:
     key: int
     view: CachedView
+    tier: str = "memory"  # the prefix-store tier that holds it (stats.STORE_TIERS)
+    nbytes: int = 0  # what reading it moves: the whole entry, wherever the prompt resumes in it
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Admission:
     discard_entry: bool = False  # the slot takes all of the store entry: the entry is redundant
     store_miss: bool = False  # a store lookup found nothing better than the slot
     checkpoints: tuple[tuple[int, CheckpointKind], ...] = ()  # (position, kind) while processing the prompt
+    passed_over: str | None = None  # the tier of an entry that resumes further but costs more to read
 
 
 def _slot_order(c: SlotCandidate) -> tuple[int, int, int]:
@@ -61,7 +65,11 @@ def _slot_order(c: SlotCandidate) -> tuple[int, int, int]:
 
 
 def _choose(
-    free: Sequence[SlotCandidate], store: Sequence[StoreCandidate], prompt: Sequence[int], cache_prompt: bool
+    free: Sequence[SlotCandidate],
+    store: Sequence[StoreCandidate],
+    prompt: Sequence[int],
+    cache_prompt: bool,
+    costs: ResumeCosts | None,
 ) -> Admission:
     best_slot, best_plan = None, None
     for c in free:
@@ -74,16 +82,26 @@ def _choose(
     if best_plan.resume == 0:  # nothing of a slot is reused: don't destroy a useful one
         target = max(free, key=_slot_order)
         best_slot, best_plan = ((0,), target), plan_resume(target.view, prompt, cache_prompt)
-    if cache_prompt:
-        best_entry: tuple[int, StoreCandidate, ResumePlan] | None = None
-        for entry in store:
-            plan = plan_resume(entry.view, prompt, True, from_store=True)
-            if best_entry is None or plan.resume > best_entry[0]:
-                best_entry = (plan.resume, entry, plan)
-        if best_entry is not None and best_entry[0] > best_plan.resume:
-            target = max(free, key=_slot_order)
-            return Admission(-1, target.index, best_entry[2], best_entry[1].key)
-    return Admission(-1, best_slot[1].index, best_plan)
+    if not cache_prompt:
+        return Admission(-1, best_slot[1].index, best_plan)
+    further = [
+        (entry, plan)
+        for entry in store
+        if (plan := plan_resume(entry.view, prompt, True, from_store=True)).resume > best_plan.resume
+    ]
+    if not further:
+        return Admission(-1, best_slot[1].index, best_plan)
+    # the furthest entry, or with costs the cheapest (ties: the furthest, then the nearer tier)
+    if costs is None:
+        entry, plan = max(further, key=lambda ep: ep[1].resume)  # max keeps the first of equals
+    else:
+        entry, plan = min(
+            further, key=lambda ep: (costs.seconds(len(prompt), ep[1].resume, ep[0].tier, ep[0].nbytes), -ep[1].resume)
+        )
+        slot_cost = costs.seconds(len(prompt), best_plan.resume)
+        if costs.seconds(len(prompt), plan.resume, entry.tier, entry.nbytes) >= slot_cost:
+            return Admission(-1, best_slot[1].index, best_plan, passed_over=entry.tier)
+    return Admission(-1, max(free, key=_slot_order).index, plan, entry.key)
 
 
 def plan_admissions(
@@ -93,11 +111,15 @@ def plan_admissions(
     *,
     store_enabled: bool = False,
     checkpoint_interval: int = 0,
+    costs: ResumeCosts | None = None,
 ) -> list[Admission]:
     """Admit queued prompts in FIFO order while free slots remain.
 
     Each prompt gets the free slot where it resumes furthest, or a prefix-store entry restored
-    into the emptiest / least recently used free slot when that resumes further still. A slot or
+    into the emptiest / least recently used free slot when that resumes further still; with
+    `costs`, the entry only when reading it costs less than evaluating the tokens it saves (of
+    the entries that resume further, the cheapest; `passed_over` names the tier of one that
+    resumed further and cost more). A slot or
     entry given to one prompt is not offered to the next. With `store_enabled`, a slot about to
     lose state that no store entry and no new prompt keeps (more than its last generation) is
     stashed first; an entry whose tokens the slot takes whole is discarded.
@@ -109,7 +131,7 @@ def plan_admissions(
         if not remaining:
             break
         q = item if isinstance(item, QueuedPrompt) else QueuedPrompt(item[0], item[1])
-        a = _choose(remaining, entries, q.tokens, q.cache_prompt)
+        a = _choose(remaining, entries, q.tokens, q.cache_prompt, costs)
         slot = next(c for c in remaining if c.index == a.slot)
         out.append(_decide(pos, a, slot, q, store_enabled, checkpoint_interval, sizes))
         remaining = [c for c in remaining if c.index != a.slot]
@@ -146,4 +168,4 @@ def _decide(
         checkpoints = tuple(
             checkpoint_schedule(plan.resume, len(q.tokens), kind, q.message_boundaries, q.checkpoint_offsets, interval)
         )
-    return Admission(pos, a.slot, plan, a.store_key, stash, discard, miss, checkpoints)
+    return Admission(pos, a.slot, plan, a.store_key, stash, discard, miss, checkpoints, a.passed_over)

@@ -125,8 +125,9 @@ class DiskTier:
     def candidates(self) -> list[StoreCandidate]:
         """The indexed entries as store candidates, with negative keys (host store keys are >= 0)."""
         with self._lock:
-            self._keys = {-(i + 1): (name, item.view) for i, (name, item) in enumerate(self._index.items())}
-            return [StoreCandidate(key, view) for key, (_, view) in self._keys.items()]
+            items = list(self._index.items())
+            self._keys = {-(i + 1): (name, item.view) for i, (name, item) in enumerate(items)}
+            return [StoreCandidate(-(i + 1), item.view, "disk", item.size) for i, (_, item) in enumerate(items)]
 
     def load(self, key: int) -> StoredSequence | None:
         """The entry behind a candidate key, read and checked in full; None (logged, counted, and

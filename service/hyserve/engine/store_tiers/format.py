@@ -9,9 +9,11 @@ checksum, the version and the identity before it builds anything.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
+import math
 import struct
 from typing import Any
 
@@ -92,13 +94,20 @@ def encode_entry(entry: StoredSequence, identity: str) -> bytes:
             for b in entry.log
         ],
     }
-    buf = io.BytesIO()
     header = json.dumps(body, separators=(",", ":")).encode()
-    buf.write(MAGIC + _LEN.pack(len(header)) + header)
+    parts: list[bytes | memoryview] = [MAGIC + _LEN.pack(len(header)) + header]
     for a in arr.items:
-        np.lib.format.write_array(buf, np.ascontiguousarray(a), allow_pickle=False)
-    data = buf.getvalue()
-    return data + hashlib.sha256(data).digest()
+        a = np.ascontiguousarray(a)
+        if a.dtype.hasobject:
+            raise TypeError("arrays of objects cannot be written")
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(a))
+        parts += [head.getvalue(), memoryview(a.reshape(-1).view(np.uint8))]
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    # one copy of the arrays: a GiB-sized entry is not built up in a stream and copied out again
+    return b"".join([*parts, digest.digest()])
 
 
 def _parse_header(data: bytes | memoryview, identity: str | None) -> tuple[dict[str, Any], int]:
@@ -132,18 +141,38 @@ def _read_snapshot(d: dict[str, Any], arrays: list[np.ndarray]) -> Snapshot:
     return Snapshot(d["n"], states, windows)
 
 
+def _arrays_in(view: memoryview, offset: int) -> list[np.ndarray]:
+    """The `.npy` arrays from `offset` to the end of `view`, as read-only arrays over its bytes:
+    a GiB-sized entry is not copied again (numpy's `read_array` copies each array from a stream)."""
+    arrays: list[np.ndarray] = []
+    while offset < len(view):
+        if bytes(view[offset : offset + 6]) != b"\x93NUMPY":
+            raise ValueError("not an .npy array")
+        major = view[offset + 6]
+        size_format = "<H" if major == 1 else "<I"
+        head_len = struct.unpack_from(size_format, view, offset + 8)[0]
+        start = offset + 8 + struct.calcsize(size_format)
+        header = ast.literal_eval(bytes(view[start : start + head_len]).decode("latin1"))
+        dtype = np.dtype(header["descr"])
+        shape = tuple(header["shape"])
+        if dtype.hasobject or header["fortran_order"]:
+            raise ValueError("an array of objects or in Fortran order")
+        count = math.prod(shape)
+        offset = start + head_len
+        arrays.append(np.frombuffer(view, dtype, count, offset).reshape(shape))
+        offset += count * dtype.itemsize
+    return arrays
+
+
 def decode_entry(data: bytes, identity: str) -> StoredSequence:
     """The entry these bytes hold; raises EntryFormatError for a corrupt, truncated, foreign or
     other-version file."""
-    if len(data) < _DIGEST or hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
-        raise EntryFormatError("corrupt", "checksum mismatch (corrupt or truncated)")
     view = memoryview(data)[:-_DIGEST]
+    if len(data) < _DIGEST or hashlib.sha256(view).digest() != data[-_DIGEST:]:
+        raise EntryFormatError("corrupt", "checksum mismatch (corrupt or truncated)")
     body, offset = _parse_header(view, identity)
     try:
-        stream = io.BytesIO(view[offset:])
-        arrays: list[np.ndarray] = []
-        while stream.tell() < len(view) - offset:
-            arrays.append(np.lib.format.read_array(stream, allow_pickle=False))
+        arrays = _arrays_in(view, offset)
         img = body["image"]
         image = MemoryImage(
             img["n"], {il: (arrays[k], arrays[v]) for il, k, v in img["kv"]}, _read_snapshot(img["live"], arrays)
@@ -167,5 +196,5 @@ def decode_entry(data: bytes, identity: str) -> StoredSequence:
             for b in body["log"]
         ]
         return StoredSequence(tuple(body["tokens"]), image, checkpoints, body["live_floor"], InputLog(blocks))
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, SyntaxError, struct.error) as exc:
         raise EntryFormatError("corrupt", f"malformed entry ({exc})") from None

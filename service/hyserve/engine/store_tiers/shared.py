@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import redis
@@ -72,6 +73,23 @@ class SharedTierConfig:
     chunk_bytes: int = 8 << 20
     queue_entries: int = 2  # entries waiting to be written (each holds host copies of a state)
     block_tokens: int = BLOCK  # tokens between index keys (small ones only in tests: more keys)
+    # rediss:// only: the CA bundle that verifies the store's certificate (None: the system's), and
+    # the client certificate and key for mutual TLS (both or neither)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def tls_arguments(self) -> dict[str, str]:
+        """redis-py's `ssl_*` keyword arguments of the TLS files (the URL's own `ssl_*` query
+        parameters win over them)."""
+        files = {"ssl_ca_certs": self.ca_file, "ssl_certfile": self.cert_file, "ssl_keyfile": self.key_file}
+        given = {name: path for name, path in files.items() if path is not None}
+        if given and urlsplit(self.url).scheme.lower() != "rediss":
+            # a plain connection would refuse the ssl_* arguments only on its first command
+            raise ValueError("TLS files need a rediss:// URL")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("a client certificate needs its key, and a key its certificate")
+        return given
 
 
 def block_hashes(tokens: Sequence[int], n_blocks: int, block: int = BLOCK) -> list[str]:
@@ -111,6 +129,7 @@ class SharedTier:
         kwargs: dict[str, Any] = {"socket_timeout": config.timeout_s, "socket_connect_timeout": config.timeout_s}
         if config.password is not None:
             kwargs["password"] = config.password
+        kwargs.update(config.tls_arguments())
         # from_url: the URL's own user/password and TLS settings win over these keyword arguments
         self._client = redis.Redis.from_url(config.url, **kwargs)
         # writes send up to chunk_bytes per command: a longer timeout than lookups
@@ -125,7 +144,13 @@ class SharedTier:
         self._writer = BackgroundWriter(
             "hyserve-shared-tier", self.write, self._write_failed, max_queued=max(1, config.queue_entries)
         )
-        log.info("shared_cache_configured", url=_redacted(config.url), ttl_s=config.ttl_s, namespace=self.ns)
+        log.info(
+            "shared_cache_configured",
+            url=_redacted(config.url),
+            ttl_s=config.ttl_s,
+            namespace=self.ns,
+            mutual_tls=config.cert_file is not None,
+        )
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -180,7 +205,7 @@ class SharedTier:
             return None
 
     def candidates(self) -> list[StoreCandidate]:
-        return [StoreCandidate(key, found.view) for key, found in self._found.items()]
+        return [StoreCandidate(key, found.view, "shared", found.size) for key, found in self._found.items()]
 
     def load(self, key: int) -> StoredSequence | None:
         """The entry behind a candidate key (one MGET of its chunks), checked in full; None

@@ -3135,7 +3135,11 @@ type TierCounters struct {
 	Dropped uint64 `protobuf:"varint,8,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	// Seconds the engine spent reading this tier: index lookups, reading and checking entries, and
 	// restoring them into slots (the time a resume from this tier cost before its first token).
-	ReadSeconds   float64 `protobuf:"fixed64,9,opt,name=read_seconds,json=readSeconds,proto3" json:"read_seconds,omitempty"`
+	ReadSeconds float64 `protobuf:"fixed64,9,opt,name=read_seconds,json=readSeconds,proto3" json:"read_seconds,omitempty"`
+	// Entries that would have resumed a prompt further than any free slot but were not taken:
+	// reading and restoring them was priced above evaluating the tokens they would have saved
+	// (serve --cache-resume cheapest, the default).
+	PassedOver    uint64 `protobuf:"varint,10,opt,name=passed_over,json=passedOver,proto3" json:"passed_over,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3229,6 +3233,13 @@ func (x *TierCounters) GetDropped() uint64 {
 func (x *TierCounters) GetReadSeconds() float64 {
 	if x != nil {
 		return x.ReadSeconds
+	}
+	return 0
+}
+
+func (x *TierCounters) GetPassedOver() uint64 {
+	if x != nil {
+		return x.PassedOver
 	}
 	return 0
 }
@@ -3673,7 +3684,7 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1aL\n" +
 	"\x1eReprocessedTokensByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x96\x02\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb7\x02\n" +
 	"\fTierCounters\x12)\n" +
 	"\x04tier\x18\x01 \x01(\x0e2\x15.hyserve.v1.StoreTierR\x04tier\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x04R\x04hits\x12\x16\n" +
@@ -3684,7 +3695,10 @@ const file_hyserve_v1_hyserve_proto_rawDesc = "" +
 	"\rbytes_written\x18\x06 \x01(\x04R\fbytesWritten\x12\x16\n" +
 	"\x06errors\x18\a \x01(\x04R\x06errors\x12\x18\n" +
 	"\adropped\x18\b \x01(\x04R\adropped\x12!\n" +
-	"\fread_seconds\x18\t \x01(\x01R\vreadSeconds\"\x12\n" +
+	"\fread_seconds\x18\t \x01(\x01R\vreadSeconds\x12\x1f\n" +
+	"\vpassed_over\x18\n" +
+	" \x01(\x04R\n" +
+	"passedOver\"\x12\n" +
 	"\x10ModelInfoRequest\"\xc2\x04\n" +
 	"\x11ModelInfoResponse\x12\x1d\n" +
 	"\n" +
