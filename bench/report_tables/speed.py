@@ -19,15 +19,15 @@ SAME_ISA = (
     "batched_decode_qwen35_08b_avx2",
 )
 NEWEST = (
-    "runtime_gemma3_270m_s17",
-    "runtime_gemma3_270m_prompt4096_s17",
-    "runtime_qwen35_08b_s17",
-    "runtime_qwen35_08b_prompt4096_s17",
-    "batched_decode_gemma3_270m_s17",
-    "batched_decode_qwen35_08b_s17",
-    "batched_decode_qwen35_08b_s17b",
+    "runtime_gemma3_270m_bd15f24",
+    "runtime_gemma3_270m_prompt4096_bd15f24",
+    "runtime_qwen35_08b_bd15f24",
+    "runtime_qwen35_08b_prompt4096_bd15f24",
+    "batched_decode_gemma3_270m_bd15f24",
+    "batched_decode_qwen35_08b_bd15f24",
+    "batched_decode_qwen35_08b_bd15f24_run2",
 )
-SERVE_NEWEST = ("serve_gemma3_270m_s17", "serve_gemma3_270m_s17b", "serve_gemma3_270m_s17c")
+SERVE_NEWEST = ("serve_gemma3_270m_bd15f24", "serve_gemma3_270m_bd15f24_run2", "serve_gemma3_270m_bd15f24_run3")
 LOAD = ("load_gemma3_270m_fresh", "load_gemma3_270m_warm")
 ENGINE = ("engine_overhead", "engine_overhead_topk40")
 GPU = ("gpu_bench_h200_qwen35", "gpu_bench_h100")
