@@ -99,7 +99,9 @@ def measure(model: LoadedModel, identity: str, n: int, redis_url: str, work: Pat
             cache_dir=str(cache_dir) if disk else None,
             cache_disk_bytes=(64 << 30) if disk else 0,
             model_identity=identity,
-            shared_cache=SharedTierConfig(redis_url, ttl_s=3600, timeout_s=2.0) if shared else None,
+            # a GiB-sized entry: the store may take seconds to answer while it is still taking in
+            # the last one, which a server's short timeout would count as a miss (not measured here)
+            shared_cache=SharedTierConfig(redis_url, ttl_s=3600, timeout_s=30.0) if shared else None,
         )
         e = Engine(model.arch, model.tokenizer, config)
         e.start()
