@@ -228,6 +228,7 @@ class SharedTier:
             log.info("shared_cache_entry_incomplete", entry=found.entry_id, missing=sum(p is None for p in parts))
             return None
         data = b"".join(parts)
+        del parts  # a GiB-sized entry: not held twice while it is checked and restored
         self._count("shared", bytes_read=len(data))
         try:
             if len(data) != found.size:
