@@ -160,6 +160,21 @@ def test_a_gated_unit_told_its_down_projection_quantizes_for_it(fast_device, t: 
     assert_fused_when_q8(fast_device, t, m, make, "elementwise", "gated_quantize")
 
 
+@pytest.mark.parametrize("t", FUSABLE, ids=lambda t: t.name)
+def test_a_gated_group_norm_told_its_matmul_quantizes_for_it(fast_device, t: T) -> None:
+    """Mamba2's gated norm (x *= silu(z), then the norm times a weight) given `feeds` quantizes
+    the rows it writes for them: its output, the gated x and the product are the plain path's."""
+    m, x = inputs(t)
+    weight = np.random.default_rng(8).standard_normal(x.shape[1]).astype(np.float32)
+
+    def make(dev, feeds):
+        h = dev.tensor(x[:5])
+        out = dev.gated_rms_norm(h, dev.tensor(x[5:10] * 4), dev.tensor(weight), x.shape[1], 1e-6, feeds=feeds)
+        return [out, h]
+
+    assert_fused_when_q8(fast_device, t, m, make, "gated_rms_norm", "gated_rms_norm_quantize")
+
+
 def test_quants_made_by_a_norm_are_not_read_after_the_tensor_changed(fast_device) -> None:
     """The quants a norm made describe its result only until the device records anything else:
     scaled in place after the norm, the tensor is quantized again by the matmul (its new values)."""

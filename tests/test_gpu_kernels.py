@@ -4,6 +4,7 @@ adapter (in CI: Mesa's software Vulkan driver); skips only where no adapter exis
 from __future__ import annotations
 
 import hyserve_kernels as hk
+import hyserve_kernels._native as native
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -218,6 +219,38 @@ def test_a_norm_gates_its_output_in_the_same_pass(gpu_device, gpu_fast_device, f
     ):
         with pytest.raises(ValueError, match="gate"):
             dev.rms_norm(o_t, w_t, 1e-6, **bad)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast"])
+@pytest.mark.parametrize("n_groups", [1, 3])
+def test_a_gated_group_norm_is_one_pass_with_the_bits_of_three(
+    gpu_device, gpu_fast_device, n_groups: int, fast: bool
+) -> None:
+    """`gated_rms_norm` (Mamba2's output: y *= silu(z), RMSNorm over groups, times a weight that
+    spans the row) leaves x gated and returns the bits of `mul_silu`, the norm over groups and
+    `mul_row` in one pass; a weight or gate that does not fit is refused."""
+    dev = gpu_fast_device if fast else gpu_device
+    rng = np.random.default_rng(41)
+    rows, n = 5, 24
+    x = rng.standard_normal((rows, n * n_groups)).astype(np.float32)
+    z = (rng.standard_normal(x.shape) * 4).astype(np.float32)
+    w = rng.standard_normal(n * n_groups).astype(np.float32)
+    xt, zt, wt = dev.tensor(x), dev.tensor(z), dev.tensor(w)
+    fused: list = []
+    assert passes_while(dev, lambda: fused.append(dev.gated_rms_norm(xt, zt, wt, n, 1e-5))) == {"gated_rms_norm": 1}
+    apart_x = dev.tensor(x)
+    dev.mul_silu(apart_x, zt)
+    apart = dev.rms_norm(apart_x, None, 1e-5, n)
+    native.gpu_mul_row(dev, apart, wt)
+    np.testing.assert_array_equal(dev.to_host(xt), dev.to_host(apart_x))
+    np.testing.assert_array_equal(dev.to_host(fused[0]), dev.to_host(apart))
+    if not fast:  # exact numerics: the CPU's bits too
+        gated = x * hk.silu(z.reshape(-1)).reshape(x.shape)
+        cpu = hk.rms_norm(gated.reshape(-1, n), None, 1e-5).reshape(x.shape) * w
+        np.testing.assert_array_equal(dev.to_host(fused[0]), cpu)
+    for bad in ((zt, dev.tensor(w[:n]) if n_groups > 1 else dev.tensor(w[:8])), (dev.tensor(z[:2]), wt)):
+        with pytest.raises(ValueError, match="gated_rms_norm"):
+            dev.gated_rms_norm(dev.tensor(x), *bad, n, 1e-5)
 
 
 @pytest.mark.parametrize("neox", [False, True])

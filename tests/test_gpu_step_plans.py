@@ -169,8 +169,9 @@ def test_a_fast_step_quantizes_activations_in_the_passes_that_make_them(
 ) -> None:
     """With Q8_0 weights, every matmul input made by a norm or a gated unit is quantized in that
     unit's own pass (the architectures pass `feeds`): a decode step's only separate Q8
-    quantizations are those of each layer's mixer output (attention's wo, the delta net's or
-    Mamba2's w_out), whose input comes from attention or a scan (MoE experts quantize their own)."""
+    quantizations are those of each layer's mixer output (attention's wo, the delta net's w_out),
+    whose input comes from attention or a scan (MoE experts quantize their own; Mamba2's gated
+    norm quantizes its w_out input, its group being the whole row here)."""
     path = make_models.write_model(tmp_path / f"{name}.gguf", name, qtype="q8_0")
     arch = ARCHITECTURES[name](GGUFFile.open(path), gpu_fast_backend)
     memory = arch.new_memory(64)
@@ -182,7 +183,9 @@ def test_a_fast_step_quantizes_activations_in_the_passes_that_make_them(
     dense_ffns = (
         len(arch.layers) if name == "llama" else sum(isinstance(getattr(L, "ffn", None), DenseFfn) for L in arch.layers)
     )
-    assert passes.get("quantize_act_fast") == len(arch.layers), passes
+    gated_norms = len(arch.layers) if name == "mamba2" else 0
+    assert passes.get("gated_rms_norm_quantize", 0) == gated_norms, passes
+    assert passes.get("quantize_act_fast", 0) == len(arch.layers) - gated_norms, passes
     assert passes.get("gated_quantize", 0) == dense_ffns, passes
     fused_norms = passes.get("rms_norm_quantize", 0) + passes.get("add_rms_norm_quantize", 0)
     assert fused_norms == len(arch.layers) + 1 + dense_ffns, passes  # layer inputs, the output, FFN inputs

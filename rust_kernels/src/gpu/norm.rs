@@ -55,6 +55,44 @@ static RMS_NORM_GATE: Kernel = Kernel {
         (9, Read),
     ],
 };
+const NORM_GATED_IO: &str = include_str!("shaders/norm_gated_io.wgsl");
+static GATED_RMS_NORM: Kernel = Kernel {
+    name: "gated_rms_norm",
+    sources: &[MATH, ACTIVATIONS, NORM_GATED_IO, NORM_END, NORM],
+    entry: "main",
+    bindings: &[
+        (0, ReadWrite),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (4, Read), // activations.wgsl's GELU table: not read by SiLU
+        (9, Read),
+    ],
+};
+static GATED_RMS_NORM_QUANTIZE: Kernel = Kernel {
+    name: "gated_rms_norm_quantize",
+    sources: &[
+        MATH,
+        ACTIVATIONS,
+        NORM_GATED_IO,
+        QUANTIZE_FAST_CORE,
+        NORM_QUANTIZE_END,
+        NORM,
+    ],
+    entry: "main",
+    bindings: &[
+        (0, ReadWrite),
+        (1, Read),
+        (2, ReadWrite),
+        (3, Uniform),
+        (4, Read),
+        OUTPUTS[0],
+        OUTPUTS[1],
+        OUTPUTS[2],
+        OUTPUTS[3],
+        (9, Read),
+    ],
+};
 static RMS_NORM: Kernel = Kernel {
     name: "rms_norm",
     sources: &[MATH, NORM_IO, NORM_END, NORM],
@@ -121,6 +159,18 @@ pub struct NormRows {
     pub x_stride: usize,
 }
 
+/// What a norm reads: x, or x + a (written back to x first: a residual stream and the norm after
+/// it), or x · silu(gate) (written back to x first: Mamba2's gated norm, whose weight spans the
+/// `weight_groups` consecutive groups of a row).
+pub enum NormInput<'a> {
+    Plain,
+    Add(&'a GpuBuffer),
+    Gated {
+        gate: &'a GpuBuffer,
+        weight_groups: usize,
+    },
+}
+
 /// What a norm's pass does with the rows it has written, before it ends (each the bits of the
 /// separate pass it spares).
 pub enum AfterNorm<'a> {
@@ -135,13 +185,13 @@ pub enum AfterNorm<'a> {
     Gate(&'a GpuBuffer),
 }
 
-/// RMSNorm of `rows` rows of `n` elements, times `weight` (length n) when given; with `add`,
-/// of x + add, which is written to x first (a residual stream and the norm after it, one pass);
-/// then `after` in the same pass. Returns the rows and, with `AfterNorm::Quantize`, their quants.
+/// RMSNorm of `rows` rows of `n` elements of `input`, times `weight` (length n, or n times a gated
+/// input's weight groups) when given; then `after` in the same pass. Returns the rows and, with
+/// `AfterNorm::Quantize`, their quants.
 pub fn rms_norm(
     gpu: &Gpu,
     x: &GpuBuffer,
-    add: Option<&GpuBuffer>,
+    input: NormInput,
     rows: NormRows,
     weight: Option<&GpuBuffer>,
     eps: f32,
@@ -157,7 +207,7 @@ pub fn rms_norm(
         gx,
         rows.per_row as u32,
         rows.x_stride as u32,
-        0,
+        1,
         0,
         0,
         0,
@@ -175,19 +225,44 @@ pub fn rms_norm(
         _ => None,
     };
     let mut buffers = vec![x.raw(), w, out.raw()];
+    let (add, gate) = match input {
+        NormInput::Plain => (None, None),
+        NormInput::Add(a) => (Some(a), None),
+        NormInput::Gated {
+            gate,
+            weight_groups,
+        } => {
+            assert!(
+                rows.per_row == 1 && rows.x_stride == rows.n && weight_groups >= 1,
+                "a gated norm reads contiguous groups"
+            );
+            p[7] = weight_groups as u32;
+            (None, Some(gate))
+        }
+    };
     buffers.extend(add.map(GpuBuffer::raw));
-    let kernel = match (add.is_some(), &after, &q) {
-        (false, AfterNorm::Nothing, _) => &RMS_NORM,
-        (true, AfterNorm::Nothing, _) => &ADD_RMS_NORM,
-        (add, AfterNorm::Quantize(_), Some(q)) => {
+    if gate.is_some() {
+        buffers.push(&gpu.dummy); // binding 4: activations.wgsl's GELU table, not read by SiLU
+    }
+    let kernel = match (add.is_some(), gate, &after, &q) {
+        (false, None, AfterNorm::Nothing, _) => &RMS_NORM,
+        (true, None, AfterNorm::Nothing, _) => &ADD_RMS_NORM,
+        (false, Some(gate), AfterNorm::Nothing, _) => {
+            buffers.push(gate.raw());
+            &GATED_RMS_NORM
+        }
+        (add, gate, AfterNorm::Quantize(_), Some(q)) => {
             buffers.extend(q.raw());
-            if add {
-                &ADD_RMS_NORM_QUANTIZE
-            } else {
-                &RMS_NORM_QUANTIZE
+            match gate {
+                Some(gate) => {
+                    buffers.push(gate.raw());
+                    &GATED_RMS_NORM_QUANTIZE
+                }
+                None if add => &ADD_RMS_NORM_QUANTIZE,
+                None => &RMS_NORM_QUANTIZE,
             }
         }
-        (false, AfterNorm::Rope(table, r), _) => {
+        (false, None, AfterNorm::Rope(table, r), _) => {
             assert!(
                 r.head_dim == rows.n && r.n_rot <= r.head_dim && rows.rows.is_multiple_of(r.n_head),
                 "a norm turns whole heads by RoPE"
@@ -196,7 +271,7 @@ pub fn rms_norm(
             buffers.push(table.raw());
             &RMS_NORM_ROPE
         }
-        (false, AfterNorm::Gate(gate), _) => {
+        (false, None, AfterNorm::Gate(gate), _) => {
             assert!(
                 rows.per_row == 1 && rows.x_stride == rows.n,
                 "a norm gates contiguous rows"
@@ -204,7 +279,7 @@ pub fn rms_norm(
             buffers.extend([&gpu.dummy, gate.raw()]);
             &RMS_NORM_GATE
         }
-        _ => unreachable!("a residual norm is neither turned nor gated; quants come with Quantize"),
+        _ => unreachable!("only a plain norm is turned or gated after; quants come with Quantize"),
     };
     let act = q.as_ref().map(|q| ("ACT", q.kind));
     gpu.dispatch(kernel, act.as_slice(), &buffers, bytes_of(&p), [gx, gy, 1]);

@@ -2,8 +2,10 @@
 // y = x * (1 / sqrt(mean(x^2) + eps)) * w. One workgroup per row. The rows may be groups of n
 // columns at the start of wider input rows (`per_row` groups in each x row of `x_stride` values,
 // as the q and k heads at the start of a delta-net layer's convolution output); y is contiguous.
-// The input x and `take_x` come from norm_io.wgsl (read only) or norm_add_io.wgsl (the residual
-// norm: x += a, written back, then normalised: one pass instead of an add and a norm).
+// The input x and `take_x` come from norm_io.wgsl (read only), norm_add_io.wgsl (the residual
+// norm: x += a, written back, then normalised: one pass instead of an add and a norm) or
+// norm_gated_io.wgsl (x *= silu(z), written back, then normalised: Mamba2's gated norm, whose
+// weight spans the groups of a row: `weight_groups`).
 // `after_norm` comes from norm_end.wgsl (nothing), norm_quantize_end.wgsl (the row just written
 // quantized for the matmul it feeds: one pass instead of a norm and a quantization) or
 // norm_rope_end.wgsl (the head just written turned by RoPE: one pass instead of a norm and a RoPE).
@@ -28,7 +30,7 @@ struct Params {
     groups_x: u32,
     per_row: u32,
     x_stride: u32,
-    _c: u32,
+    weight_groups: u32,  // groups one weight spans (its length: n times this); 1: each group's own
     rope_heads: u32,  // norm_rope_end.wgsl: heads per token, rotated dims, NEOX pairs
     n_rot: u32,
     neox: u32,
@@ -184,10 +186,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         return;
     }
     let scale = row_scale;
+    let w_base = (row % p.weight_groups) * p.n;
     for (var i = lid; i < p.n; i += 64u) {
         var v = x[x_base(row) + i] * scale;
         if p.has_weight != 0u {
-            v *= weight[i];
+            v *= weight[w_base + i];
         }
         y[row * p.n + i] = v;
     }

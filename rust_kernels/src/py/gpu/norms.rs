@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use super::device::GpuDevice;
 use super::ops::RopeArgs;
 use super::tensor::{GpuMatrix, GpuTensor};
-use crate::gpu::norm::{self, AfterNorm, NormRows};
+use crate::gpu::norm::{self, AfterNorm, NormInput, NormRows};
 use crate::py::common::value_error;
 
 #[pymethods]
@@ -77,7 +77,15 @@ impl GpuDevice {
                 )));
             }
             let after = AfterNorm::Gate(&gate.buf);
-            let (out, _) = norm::rms_norm(&self.gpu, &x.buf, None, rows, weight, eps, after);
+            let (out, _) = norm::rms_norm(
+                &self.gpu,
+                &x.buf,
+                NormInput::Plain,
+                rows,
+                weight,
+                eps,
+                after,
+            );
             return Ok(self.tensor_of(out, shape));
         }
         if let Some(args) = &rope {
@@ -89,11 +97,27 @@ impl GpuDevice {
                 )));
             }
             let after = AfterNorm::Rope(&table, &r);
-            let (out, _) = norm::rms_norm(&self.gpu, &x.buf, None, rows, weight, eps, after);
+            let (out, _) = norm::rms_norm(
+                &self.gpu,
+                &x.buf,
+                NormInput::Plain,
+                rows,
+                weight,
+                eps,
+                after,
+            );
             return Ok(self.tensor_of(out, shape));
         }
         let after = self.quantize_for(&feeds, &rows, &shape);
-        let (out, q) = norm::rms_norm(&self.gpu, &x.buf, None, rows, weight, eps, after);
+        let (out, q) = norm::rms_norm(
+            &self.gpu,
+            &x.buf,
+            NormInput::Plain,
+            rows,
+            weight,
+            eps,
+            after,
+        );
         Ok(self.with_acts(self.tensor_of(out, shape), q))
     }
 
@@ -122,7 +146,53 @@ impl GpuDevice {
         let (out, q) = norm::rms_norm(
             &self.gpu,
             &x.buf,
-            Some(&a.buf),
+            NormInput::Add(&a.buf),
+            rows,
+            Some(&weight.buf),
+            eps,
+            after,
+        );
+        Ok(self.with_acts(self.tensor_of(out, x.shape.clone()), q))
+    }
+
+    /// x *= silu(gate) in place, then the RMSNorm of each group of `n` consecutive values of x,
+    /// times `weight`, which spans a whole row of x (its length is the row's, a multiple of n:
+    /// Mamba2's gated norm over groups, then its per-channel weight), in one pass: the bits of
+    /// `mul_silu`, `rms_norm` over groups and `mul_row`. `feeds` as in `rms_norm`.
+    #[pyo3(signature = (x, gate, weight, n, eps, feeds=None))]
+    fn gated_rms_norm(
+        &self,
+        x: PyRef<'_, GpuTensor>,
+        gate: PyRef<'_, GpuTensor>,
+        weight: PyRef<'_, GpuTensor>,
+        n: usize,
+        eps: f32,
+        feeds: Option<Vec<PyRef<'_, GpuMatrix>>>,
+    ) -> PyResult<GpuTensor> {
+        let rows = whole_rows(&x, n, "gated_rms_norm")?;
+        let row = *x.shape.last().unwrap_or(&0);
+        if gate.size() != x.size() || weight.size() != row || !row.is_multiple_of(n) {
+            return Err(value_error(format!(
+                "gated_rms_norm: x {:?}, gate {:?}, a weight of {} values, groups of {n}",
+                x.shape,
+                gate.shape,
+                weight.size()
+            )));
+        }
+        if Arc::ptr_eq(&x.buf, &gate.buf) {
+            return Err(value_error(
+                "gated_rms_norm: x and gate are the same tensor",
+            ));
+        }
+        let after = self.quantize_for(&feeds, &rows, &x.shape);
+        let input = NormInput::Gated {
+            gate: &gate.buf,
+            weight_groups: row / n,
+        };
+        let (out, q) = norm::rms_norm(
+            &self.gpu,
+            &x.buf,
+            input,
             rows,
             Some(&weight.buf),
             eps,

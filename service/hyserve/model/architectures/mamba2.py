@@ -116,10 +116,10 @@ class Mamba2(Architecture):
                 if y is None:
                     y = ops.empty((rows, nh, hd))
                 ops.put_rows(y, span.start, out)
-        gated = y.reshape(rows, di)
-        ops.mul_silu_(gated, z)
-        normed = ops.rms_norm_groups(gated, di // self.n_groups, self.eps)
-        ops.mul_row_(normed, L.ssm_norm)
+        # y * silu(z), normalised per group, times the per-channel weight (one pass on a device)
+        normed = ops.gated_rms_norm_groups(
+            y.reshape(rows, di), z, L.ssm_norm, di // self.n_groups, self.eps, (L.w_out,)
+        )
         return ops.matmul(L.w_out, normed, cancel)
 
     def _scan(

@@ -12,6 +12,7 @@ import numpy as np
 from hyserve.model.backend.rotary import Rotary
 
 Tensor = Any
+Matrix = Any
 
 
 class RecurrentState(Protocol):
@@ -79,6 +80,14 @@ class RecurrentOps(Protocol):
 
     def rms_norm_groups(self, x: Tensor, n: int, eps: float) -> Tensor:
         """RMSNorm without weight over consecutive groups of n values."""
+        ...
+
+    def gated_rms_norm_groups(
+        self, x: Tensor, gate: Tensor, weight: Tensor, n: int, eps: float, feeds: Sequence[Matrix] = ()
+    ) -> Tensor:
+        """x (rows x m) *= silu(gate) in place, then RMSNorm over consecutive groups of n values,
+        times `weight` (length m: it spans a row's groups): the bits of `mul_silu_`,
+        `rms_norm_groups` and `mul_row_` (one pass on a device; `feeds` as in `rms_norm`)."""
         ...
 
     def rms_norm_columns(self, x: Tensor, weight: Tensor, eps: float, width: int, rope: Rotary | None = None) -> Tensor:

@@ -49,6 +49,20 @@ class CpuRecurrentOps:
     def rms_norm_groups(self, x: np.ndarray, n: int, eps: float) -> np.ndarray:
         return hk.rms_norm(np.ascontiguousarray(x).reshape(-1, n), None, eps).reshape(x.shape)
 
+    def gated_rms_norm_groups(
+        self,
+        x: np.ndarray,
+        gate: np.ndarray,
+        weight: np.ndarray,
+        n: int,
+        eps: float,
+        feeds: Sequence[hk.QMatrix] = (),
+    ) -> np.ndarray:
+        self.mul_silu_(x, gate)
+        normed = self.rms_norm_groups(x, n, eps)
+        self.mul_row_(normed, weight)
+        return normed
+
     def rms_norm_columns(
         self, x: np.ndarray, weight: np.ndarray, eps: float, width: int, rope: Rotary | None = None
     ) -> np.ndarray:

@@ -101,6 +101,17 @@ class GpuRecurrentOps:
     def rms_norm_groups(self, x: hk.GpuTensor, n: int, eps: float) -> hk.GpuTensor:
         return self.device.rms_norm(x, None, eps, n)
 
+    def gated_rms_norm_groups(
+        self,
+        x: hk.GpuTensor,
+        gate: hk.GpuTensor,
+        weight: hk.GpuTensor,
+        n: int,
+        eps: float,
+        feeds: Sequence[hk.GpuMatrix] = (),
+    ) -> hk.GpuTensor:
+        return self.device.gated_rms_norm(x, gate, weight, n, eps, feeds=list(feeds))
+
     def rms_norm_columns(
         self, x: hk.GpuTensor, weight: hk.GpuTensor, eps: float, width: int, rope: Rotary | None = None
     ) -> hk.GpuTensor:
