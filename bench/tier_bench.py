@@ -9,7 +9,7 @@ the same engine (memory), a fresh engine with the directory (disk), a fresh engi
 and the bytes the tier read are recorded; answers are checked to be the prefill's.
 
     python bench/tier_bench.py [--model default --model PATH ...] [--tokens 2048 4096 16384]
-        [--threads 2] [--out bench/results]
+        [--tiers memory disk shared] [--threads 2] [--out bench/results]
 
 Needs redis-server (Debian package; `.ci/install.sh --test` installs it): one is started on a
 free 127.0.0.1 port with no persistence.
@@ -80,7 +80,9 @@ def wait_for(what: str, predicate) -> None:
         time.sleep(0.01)
 
 
-def measure(model: LoadedModel, identity: str, n: int, redis_url: str, work: Path, repeats: int) -> dict:
+def measure(
+    model: LoadedModel, identity: str, n: int, redis_url: str, work: Path, repeats: int, tiers: tuple[str, ...] = TIERS
+) -> dict:
     rng = np.random.default_rng(n)
     prompt = [int(t) for t in rng.integers(100, min(model.arch.n_vocab, 20000), size=n)]
     # one new token, another per repeat: each engine keeps (and writes) what it answered
@@ -107,26 +109,27 @@ def measure(model: LoadedModel, identity: str, n: int, redis_url: str, work: Pat
         e.start()
         return e
 
-    writer = engine(True, True, True)
+    writer = engine(*(t in tiers for t in TIERS))
     prefill_s, _, expected = ask(writer, prompt)
     ask(writer, [int(t) for t in rng.integers(100, 1000, size=16)])  # takes the slot: stashes the prompt's state
-    wait_for("tier writes", lambda: writer.stats().counters.tiers["disk"].writes >= 1)
-    wait_for("tier writes", lambda: writer.stats().counters.tiers["shared"].writes >= 1)
+    for tier in set(tiers) - {"memory"}:
+        wait_for("tier writes", lambda t=tier: writer.stats().counters.tiers[t].writes >= 1)
     written = writer.stats().counters.tiers
-    rows: dict[str, dict] = {t: {"seconds": []} for t in TIERS}
+    rows: dict[str, dict] = {t: {"seconds": []} for t in tiers}
     # the reference: a cache-free prefill of the follow-up itself
     cold = engine(False, False, False)
     prefill_follow_s, _, cold_tokens = ask(cold, follow_up)
     cold.shutdown()
-    for i in range(repeats):
+    for i in range(repeats if "memory" in tiers else 0):
         if i:  # the state back into the store (the last resume took its entry whole into the slot)
             ask(writer, [int(t) for t in rng.integers(100, 1000, size=16)])
         s, accepted, tokens = ask(writer, follow_ups[i])
         assert accepted.store_tier == "memory" and accepted.reused_tokens == n, accepted
         rows["memory"]["seconds"].append(s)
-    rows["memory"]["bytes"] = writer.stats().counters.tiers["memory"].bytes_read // repeats
+    if "memory" in tiers:
+        rows["memory"]["bytes"] = writer.stats().counters.tiers["memory"].bytes_read // repeats
     writer.shutdown()
-    for tier in ("disk", "shared"):
+    for tier in [t for t in ("disk", "shared") if t in tiers]:
         for i in range(repeats):
             e = engine(False, tier == "disk", tier == "shared")
             s, accepted, tokens = ask(e, probes[i])
@@ -140,9 +143,9 @@ def measure(model: LoadedModel, identity: str, n: int, redis_url: str, work: Pat
         "tokens": n,
         "prefill_s": round(prefill_follow_s, 4),
         "first_prefill_s": round(prefill_s, 4),
-        "bytes_written": {t: written[t].bytes_written for t in TIERS},
+        "bytes_written": {t: written[t].bytes_written for t in tiers},
     }
-    for tier in TIERS:
+    for tier in tiers:
         secs = rows[tier]["seconds"]
         out[tier] = {
             "median_s": round(statistics.median(secs), 4),
@@ -155,8 +158,8 @@ def measure(model: LoadedModel, identity: str, n: int, redis_url: str, work: Pat
         model=model.path.name,
         tokens=n,
         prefill_s=out["prefill_s"],
-        **{f"{t}_s": out[t]["median_s"] for t in TIERS},
-        **{f"{t}_mib": round(out[t]["bytes"] / 2**20, 1) for t in TIERS},
+        **{f"{t}_s": out[t]["median_s"] for t in tiers},
+        **{f"{t}_mib": round(out[t]["bytes"] / 2**20, 1) for t in tiers},
     )
     return out
 
@@ -172,7 +175,7 @@ def draw(result: dict, path: Path) -> None:
     for ax, m in zip(axes[0], models, strict=True):
         ns = [r["tokens"] for r in m["rows"]]
         ax.plot(ns, [r["prefill_s"] for r in m["rows"]], "o-", label="prefill")
-        for tier in TIERS:
+        for tier in [t for t in TIERS if t in m["rows"][0]]:
             ax.plot(ns, [r[tier]["median_s"] for r in m["rows"]], "o-", label=f"resume from {tier}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -191,12 +194,14 @@ def main() -> None:
     p.add_argument("--model", action="append", default=None, help="GGUF path or 'default' (repeatable)")
     p.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096, 16384])
     p.add_argument("--repeats", type=int, default=3)
+    # fewer tiers, less memory: a long hybrid entry is GiB-sized, and each tier holds its own copy
+    p.add_argument("--tiers", nargs="+", choices=TIERS, default=list(TIERS))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--name", default="tier_bench")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
     hk.set_num_threads(args.threads)
-    result: dict = {"threads": args.threads, "repeats": args.repeats, "models": []}
+    result: dict = {"threads": args.threads, "repeats": args.repeats, "tiers": args.tiers, "models": []}
     with tempfile.TemporaryDirectory() as tmp, running_redis(Path(tmp) / "redis.log") as redis:
         for spec in args.model or ["default"]:
             model = load_model(spec)
@@ -204,7 +209,7 @@ def main() -> None:
             rows: list[dict] = []
             result["models"].append({"model": f"{model.gguf.architecture} {model.path.name}", "rows": rows})
             for n in args.tokens:
-                rows.append(measure(model, identity, n, redis.url, Path(tmp), args.repeats))
+                rows.append(measure(model, identity, n, redis.url, Path(tmp), args.repeats, tuple(args.tiers)))
                 redis.client().flushdb()  # a 16k-token hybrid entry is GiBs: keep one length's at a time
                 shutil.rmtree(Path(tmp) / f"disk-{n}", ignore_errors=True)
                 save(result, args.out, args.name, draw)  # the rows so far survive a run cut short

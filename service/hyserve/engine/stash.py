@@ -147,7 +147,7 @@ class StateStash:
             slot.load(entry, plan.resume, cp)
         else:
             slot.load_for_replay(entry, plan.replay_from, cp, plan.resume)
-        # what moving the entry cost (a replay is priced with the prompt's tokens, not the read)
+        # what moving the entry cost, the tier's read included (a replay after it is not a read)
         self.rates.entry_read(tier, entry.nbytes, time.perf_counter() - start + self._read_seconds.pop(entry.key, 0.0))
         if plan.replay_from is not None:
             self.shared.count(replays=1, replayed_tokens=slot.replay(self.arch, entry.tokens, plan.resume))
