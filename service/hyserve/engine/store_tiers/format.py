@@ -155,8 +155,8 @@ def _arrays_in(view: memoryview, offset: int) -> list[np.ndarray]:
         header = ast.literal_eval(bytes(view[start : start + head_len]).decode("latin1"))
         dtype = np.dtype(header["descr"])
         shape = tuple(header["shape"])
-        if dtype.hasobject or header["fortran_order"]:
-            raise ValueError("an array of objects or in Fortran order")
+        if dtype.hasobject or header["fortran_order"] or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError("an array of objects, in Fortran order or of a shape that is not one")
         count = math.prod(shape)
         offset = start + head_len
         arrays.append(np.frombuffer(view, dtype, count, offset).reshape(shape))
