@@ -69,46 +69,32 @@ impl GpuDevice {
             }
         }
         let weight = weight.as_ref().map(|w| &*w.buf);
-        if let Some(gate) = &gate {
-            if width.is_some() || rope.is_some() || feeds.is_some() || gate.size() != x.size() {
-                return Err(value_error(format!(
-                    "rms_norm: a gate of {:?} for {:?} (whole groups, no rope or feeds)",
-                    gate.shape, x.shape
-                )));
+        // RoPE's settings only where they are used: a gate refuses `rope` first
+        let turned = match (&rope, &gate) {
+            (Some(args), None) => Some(self.rope_settings(&shape, args)?),
+            _ => None,
+        };
+        let after = match (&gate, &turned) {
+            (Some(gate), _) => {
+                if width.is_some() || rope.is_some() || feeds.is_some() || gate.size() != x.size() {
+                    return Err(value_error(format!(
+                        "rms_norm: a gate of {:?} for {:?} (whole groups, no rope or feeds)",
+                        gate.shape, x.shape
+                    )));
+                }
+                AfterNorm::Gate(&gate.buf)
             }
-            let after = AfterNorm::Gate(&gate.buf);
-            let (out, _) = norm::rms_norm(
-                &self.gpu,
-                &x.buf,
-                NormInput::Plain,
-                rows,
-                weight,
-                eps,
-                after,
-            );
-            return Ok(self.tensor_of(out, shape));
-        }
-        if let Some(args) = &rope {
-            let (r, table) = self.rope_settings(&shape, args)?;
-            if r.head_dim != n {
-                return Err(value_error(format!(
-                    "rms_norm: groups of {n} turned by RoPE as heads of {}",
-                    r.head_dim
-                )));
+            (None, Some((r, table))) => {
+                if r.head_dim != n {
+                    return Err(value_error(format!(
+                        "rms_norm: groups of {n} turned by RoPE as heads of {}",
+                        r.head_dim
+                    )));
+                }
+                AfterNorm::Rope(table, r)
             }
-            let after = AfterNorm::Rope(&table, &r);
-            let (out, _) = norm::rms_norm(
-                &self.gpu,
-                &x.buf,
-                NormInput::Plain,
-                rows,
-                weight,
-                eps,
-                after,
-            );
-            return Ok(self.tensor_of(out, shape));
-        }
-        let after = self.quantize_for(&feeds, &rows, &shape);
+            (None, None) => self.quantize_for(&feeds, &rows, &shape),
+        };
         let (out, q) = norm::rms_norm(
             &self.gpu,
             &x.buf,
