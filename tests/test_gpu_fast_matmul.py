@@ -188,3 +188,65 @@ def test_quants_made_by_a_norm_are_not_read_after_the_tensor_changed(fast_device
     np.testing.assert_array_equal(outs[0], outs[1])
     unscaled = fast_device.rms_norm(fast_device.tensor(x[:3]), weight, 1e-6)
     assert not np.array_equal(outs[0], fast_device.to_host(fast_device.matmul(w, unscaled)))
+
+
+def weights_and_input(t: T, rows: list[int], n: int) -> tuple[list[hk.QMatrix], np.ndarray]:
+    ms = [random_matrix(t, r, COLS[t], seed=10 * int(t) + i)[0] for i, r in enumerate(rows)]
+    return ms, np.random.default_rng(300 + int(t)).standard_normal((n, COLS[t])).astype(np.float32)
+
+
+SHARED = [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_1, T.F32, T.F16]
+
+
+@pytest.mark.parametrize("n", [1, 9])
+@pytest.mark.parametrize("t", SHARED, ids=lambda t: t.name)
+def test_weights_of_one_format_share_a_pass_and_keep_their_bits(fast_device, t: T, n: int) -> None:
+    """matmul_many over weights of one format (Q/K/V, gate/up) runs them in one pass, four at
+    most (matmul_fast_parts.wgsl), and each product has the bits of its own matmul."""
+    rows = [37, 5, 64, 1, 130]  # part sizes that end inside a workgroup, and a fifth weight
+    ms, x = weights_and_input(t, rows, n)
+    xt = fast_device.tensor(x)
+    ws = [fast_device.matrix(m) for m in ms]
+    for k in (2, 3, 4, 5):
+        together = [fast_device.to_host(y) for y in fast_device.matmul_many(ws[:k], xt)]
+        for i, (got, w) in enumerate(zip(together, ws[:k])):
+            assert got.shape == (n, rows[i])
+            np.testing.assert_array_equal(got, fast_device.to_host(fast_device.matmul(w, xt)), err_msg=f"{k}: {i}")
+    dev = open_device(numerics="fast")
+    dws, dxt = [dev.matrix(m) for m in ms], dev.tensor(x)
+    quantize = {T.F32: {}, T.F16: {"quantize_act": 1}}.get(t, {"quantize_act_fast": 1})
+    got = passes_while(dev, lambda: [dev.to_host(y) for y in dev.matmul_many(dws[:3], dxt)])
+    assert got == {**quantize, "matmul_fast_parts": 1}, got
+    got = passes_while(dev, lambda: [dev.to_host(y) for y in dev.matmul_many(dws, dxt)])
+    assert got == {**quantize, "matmul_fast_parts": 1, "matmul_fast": 1}, got
+
+
+def test_a_delta_nets_projections_share_a_pass_by_format(fast_device) -> None:
+    """A qwen35 delta net's input projections: QKV in Q6_K, z, beta and alpha in Q4_K. The three
+    Q4_K weights share a pass; the activations are quantized once for both formats (Q8_K)."""
+    q6, x = weights_and_input(T.Q6_K, [96], 3)
+    q4 = [random_matrix(T.Q4_K, r, COLS[T.Q4_K], seed=70 + r)[0] for r in (48, 16, 16)]
+    assert COLS[T.Q6_K] == COLS[T.Q4_K]
+    ws = [fast_device.matrix(m) for m in q6 + q4]
+    xt = fast_device.tensor(x)
+    together = [fast_device.to_host(y) for y in fast_device.matmul_many(ws, xt)]
+    for got, w in zip(together, ws):
+        np.testing.assert_array_equal(got, fast_device.to_host(fast_device.matmul(w, xt)))
+    dev = open_device(numerics="fast")
+    dws, dxt = [dev.matrix(m) for m in q6 + q4], dev.tensor(x)
+    got = passes_while(dev, lambda: [dev.to_host(y) for y in dev.matmul_many(dws, dxt)])
+    assert got == {"quantize_act_fast": 1, "matmul_fast": 1, "matmul_fast_parts": 1}, got
+
+
+def test_a_weight_split_across_bindings_runs_on_its_own() -> None:
+    """A weight larger than one binding keeps its dispatch per binding beside a shared pass."""
+    small = open_device(numerics="fast", max_binding=2048)
+    ms, x = weights_and_input(T.Q8_0, [37, 1, 1], 5)  # one 1,122-byte row per binding
+    ws, xt = [small.matrix(m) for m in ms], small.tensor(x)
+    assert ws[0].n_bindings > 1 and all(w.n_bindings == 1 for w in ws[1:])
+    whole = open_device(numerics="fast")
+    for got, m in zip(small.matmul_many(ws, xt), ms):
+        want = whole.to_host(whole.matmul(whole.matrix(m), whole.tensor(x)))
+        np.testing.assert_array_equal(small.to_host(got), want)
+    got = passes_while(small, lambda: [small.to_host(y) for y in small.matmul_many(ws, xt)])
+    assert got == {"quantize_act_fast": 1, "matmul_fast": ws[0].n_bindings, "matmul_fast_parts": 1}, got

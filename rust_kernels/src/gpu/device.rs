@@ -88,6 +88,8 @@ pub struct Gpu {
     pub(super) constants: Mutex<HashMap<&'static str, Arc<GpuBuffer>>>,
     /// bound where a kernel declares a binding that an operation does not use
     pub dummy: wgpu::Buffer,
+    /// bound to a kernel's unused outputs (three, so no two writable bindings share a buffer)
+    pub spare_out: [wgpu::Buffer; 3],
     /// queue submissions so far (a decode step's count is a test's subject)
     pub(super) submissions: AtomicU64,
     /// the commands (dispatches, copies, host writes) recorded so far, on any thread

@@ -48,6 +48,15 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        // written by no kernel: bound where matmul_fast_parts.wgsl has fewer parts than outputs
+        let spare_out = std::array::from_fn(|_| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("spare output"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        });
         let adapter_limit = limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size);
@@ -71,6 +80,7 @@ impl Gpu {
             numerics: choice.numerics,
             constants: Mutex::new(HashMap::new()),
             dummy,
+            spare_out,
             submissions: Default::default(),
             recorded: Default::default(),
         };

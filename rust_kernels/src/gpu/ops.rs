@@ -8,7 +8,9 @@ use bytemuck::{bytes_of, Pod, Zeroable};
 use super::device::{Access, Gpu, GpuBuffer, Kernel};
 use super::weights::GpuWeight;
 
-const QUANT: &str = include_str!("shaders/quant.wgsl");
+pub(crate) const QUANT: &str = include_str!("shaders/quant.wgsl");
+/// The one weight binding that QUANT reads (matmul_fast_parts.wgsl has its own).
+pub(crate) const WEIGHT: &str = include_str!("shaders/weight.wgsl");
 
 use Access::{Read, ReadWrite, Uniform};
 
@@ -27,7 +29,7 @@ static QUANTIZE_ACT: Kernel = Kernel {
 };
 pub(crate) static MATMUL: Kernel = Kernel {
     name: "matmul",
-    sources: &[QUANT, MATH, include_str!("shaders/matmul.wgsl")],
+    sources: &[WEIGHT, QUANT, MATH, include_str!("shaders/matmul.wgsl")],
     entry: "main",
     bindings: &[
         (0, Read),
@@ -42,7 +44,7 @@ pub(crate) static MATMUL: Kernel = Kernel {
 };
 static GET_ROWS: Kernel = Kernel {
     name: "get_rows",
-    sources: &[QUANT, include_str!("shaders/get_rows.wgsl")],
+    sources: &[WEIGHT, QUANT, include_str!("shaders/get_rows.wgsl")],
     entry: "main",
     bindings: &[(0, Read), (1, Read), (2, ReadWrite), (3, Uniform)],
 };

@@ -1,6 +1,10 @@
 // Fast numerics, dense weights: y[b, row0 + r] = x[b, :] · W[r, :] for the weight rows of one
 // binding (a large tensor is split over several bindings, each dispatched with its first output
-// column `row0`).
+// column `row0`), or for up to four weights of one format and row length at once, each into its
+// own output (Q/K/V, gate/up: one dispatch instead of several, the same bits). A workgroup's rows
+// all belong to one part: part k takes the workgroups from first_group[k] on. The weights and
+// outputs are reached through `wword` and `put`: matmul_fast_one.wgsl (one weight, binding 0 and
+// output 5) or matmul_fast_parts.wgsl (four of each), which also declare `part`.
 //
 // The matrix-vector shape of the fast GPU engines: a weight row is read by V = 16 lanes, lane j
 // taking the row's sub-blocks of 32 weights j, j + 16, j + 32, ... (16 neighbouring lanes read 16
@@ -27,21 +31,21 @@ const V: u32 = 16u;  // lanes per weight row
 const T: u32 = 8u;   // activation rows per workgroup
 
 struct Params {
-    rows: u32,       // weight rows in this binding
     cols: u32,       // row length (elements)
     row_bytes: u32,  // bytes per weight row
     n_act: u32,      // activation rows
-    row0: u32,       // output column of this binding's first row
-    out_cols: u32,   // output row length (all rows of the weight)
+    row0: u32,       // output column of the binding's first row (0 for parts)
     groups_x: u32,   // workgroups along x (row groups wrap onto y past the dispatch limit)
     n_sub: u32,      // sub-blocks of 32 per row
+    first_group: vec4<u32>,  // per part: its first workgroup (past the last workgroup when unused)
+    rows: vec4<u32>,         // per part: weight rows in its binding
+    out_cols: vec4<u32>,     // per part: output row length (all rows of its weight)
 }
 
 @group(0) @binding(1) var<storage, read> xq: array<vec4<f32>>;  // 8 vec4 per sub-block
 @group(0) @binding(2) var<storage, read> xd: array<f32>;
 @group(0) @binding(3) var<storage, read> xs: array<f32>;
 @group(0) @binding(4) var<storage, read> xh: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<uniform> p: Params;
 
 // One step's activations, T rows x V sub-blocks x 8 vec4 (16 KiB, WebGPU's guaranteed size); after
@@ -123,15 +127,19 @@ fn tree16(v: ptr<function, array<f32, 16>>) -> f32 {
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let per_wg = 64u / THREADS;  // weight rows per workgroup
-    let r0 = (wg.x + wg.y * p.groups_x) * per_wg;
+    let g = wg.x + wg.y * p.groups_x;
+    part = u32(g >= p.first_group.y) + u32(g >= p.first_group.z) + u32(g >= p.first_group.w);
+    let rows = p.rows[part];
+    let out_cols = p.out_cols[part];
+    let r0 = (g - p.first_group[part]) * per_wg;
     let r = r0 + lid / THREADS;
-    let live = r < p.rows;
+    let live = r < rows;
     let row = r * p.row_bytes;
     let b0 = wg.z * T;
     let n_b = min(T, p.n_act - b0);
     if THREADS == 1u {
         if live {
-            var part: array<f32, 128>;  // lane j's sum for activation row b at j * T + b
+            var sums: array<f32, 128>;  // lane j's sum for activation row b at j * T + b
             for (var j = 0u; j < V; j++) {
                 var acc: array<f32, 8>;
                 for (var b = 0u; b < T; b++) {
@@ -141,15 +149,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                     add_sub(&acc, row, s, j, b0, n_b);
                 }
                 for (var b = 0u; b < T; b++) {
-                    part[j * T + b] = acc[b];
+                    sums[j * T + b] = acc[b];
                 }
             }
             for (var b = 0u; b < n_b; b++) {
                 var v: array<f32, 16>;
                 for (var j = 0u; j < V; j++) {
-                    v[j] = part[j * T + b];
+                    v[j] = sums[j * T + b];
                 }
-                y[(b0 + b) * p.out_cols + p.row0 + r] = tree16(&v);
+                put((b0 + b) * out_cols + p.row0 + r, tree16(&v));
             }
         }
         return;
@@ -180,12 +188,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if lid < per_wg * T {
         let rr = lid / T;
         let b = lid % T;
-        if r0 + rr < p.rows && b < n_b {
+        if r0 + rr < rows && b < n_b {
             var v: array<f32, 16>;
             for (var j = 0u; j < V; j++) {
                 v[j] = stage[2u * (rr * V + j) + b / 4u][b % 4u];
             }
-            y[(b0 + b) * p.out_cols + p.row0 + r0 + rr] = tree16(&v);
+            put((b0 + b) * out_cols + p.row0 + r0 + rr, tree16(&v));
         }
     }
 }

@@ -1,8 +1,7 @@
-// GGUF weight blocks, read in place from the raw bytes of a tensor (binding 0, viewed as u32 words).
-// Library included before the kernels that read weights (matmul, get_rows); no entry points here.
+// GGUF weight blocks, read in place from the raw bytes of a tensor (u32 words, through `wword`:
+// weight.wgsl's binding 0, or one of matmul_fast_parts.wgsl's). Library included before the
+// kernels that read weights (matmul, get_rows); no entry points here.
 // Layouts and formulas are ggml's (see llama.cpp ggml-quants.c, dequantize_row_*).
-
-@group(0) @binding(0) var<storage, read> w: array<u32>;
 
 // ggml type ids (GgmlType in rust_kernels/src/quant/mod.rs)
 const T_F32: u32 = 0u;
@@ -33,12 +32,12 @@ fn block_bytes(fmt: u32) -> u32 {
 }
 
 fn byte_at(off: u32) -> u32 {
-    return (w[off >> 2u] >> ((off & 3u) * 8u)) & 0xffu;
+    return (wword(off >> 2u) >> ((off & 3u) * 8u)) & 0xffu;
 }
 
 // A 16-bit field at an even byte offset.
 fn u16_at(off: u32) -> u32 {
-    return (w[off >> 2u] >> ((off & 2u) * 8u)) & 0xffffu;
+    return (wword(off >> 2u) >> ((off & 2u) * 8u)) & 0xffffu;
 }
 
 fn f16_at(off: u32) -> f32 {
@@ -87,7 +86,7 @@ fn load32(fmt: u32, row: u32, s: u32, cols: u32, q: ptr<function, array<vec4<f32
                     let e = 32u * s + 4u * k + i;
                     if e < cols {
                         if fmt == T_F32 {
-                            v[i] = bitcast<f32>(w[(row >> 2u) + e]);
+                            v[i] = bitcast<f32>(wword((row >> 2u) + e));
                         } else if fmt == T_F16 {
                             v[i] = f16_at(row + 2u * e);
                         } else {
@@ -259,7 +258,7 @@ fn quad_f(fmt: u32, row: u32, e: u32, cols: u32) -> vec4<f32> {
     for (var i = 0u; i < 4u; i++) {
         if e + i < cols {
             if fmt == T_F32 {
-                v[i] = bitcast<f32>(w[(row >> 2u) + e + i]);
+                v[i] = bitcast<f32>(wword((row >> 2u) + e + i));
             } else if fmt == T_F16 {
                 v[i] = f16_at(row + 2u * (e + i));
             } else {

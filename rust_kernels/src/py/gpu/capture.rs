@@ -51,9 +51,20 @@ impl GpuDevice {
         self.gpu.capturing_here()
     }
 
-    /// Records a plan's work into the pending encoder (one call, no Python per operation).
-    fn replay(&self, plan: PyRef<'_, GpuPlan>) {
+    /// Records a plan's work into the pending encoder (one call, no Python per operation), after
+    /// writing each `(tensor, values)` of `writes` as `rewrite_ids` does: a decode step's token
+    /// ids and positions, in the same call.
+    #[pyo3(signature = (plan, writes = Vec::new()))]
+    fn replay(
+        &self,
+        plan: PyRef<'_, GpuPlan>,
+        writes: Vec<(PyRef<'_, GpuTensor>, Vec<i32>)>,
+    ) -> PyResult<()> {
+        for (t, values) in &writes {
+            self.write_ids(t, values)?;
+        }
         self.gpu.replay(&plan.plan);
+        Ok(())
     }
 
     /// Writes new values into a tensor made by `ids()` (same length), after all work recorded so
@@ -64,11 +75,18 @@ impl GpuDevice {
         t: PyRef<'_, GpuTensor>,
         values: PyReadonlyArrayDyn<'_, i32>,
     ) -> PyResult<()> {
-        self.check(&t, Dtype::I32, "rewrite_ids' tensor")?;
-        let (Some(ids), Ok(new)) = (&t.host_ids, values.as_slice()) else {
-            return Err(value_error(
-                "rewrite_ids needs a tensor made by ids() and C-contiguous values",
-            ));
+        let new = values
+            .as_slice()
+            .map_err(|_| value_error("rewrite_ids needs C-contiguous values"))?;
+        self.write_ids(&t, new)
+    }
+}
+
+impl GpuDevice {
+    fn write_ids(&self, t: &GpuTensor, new: &[i32]) -> PyResult<()> {
+        self.check(t, Dtype::I32, "rewrite_ids' tensor")?;
+        let Some(ids) = &t.host_ids else {
+            return Err(value_error("rewrite_ids needs a tensor made by ids()"));
         };
         if new.len() != t.size() {
             return Err(value_error(format!(

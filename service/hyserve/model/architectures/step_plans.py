@@ -46,33 +46,11 @@ def step_key(segments: Sequence[Segment]) -> StepKey | None:
     return key if len({m for m, _, _ in key}) == len(key) else None
 
 
-def decode_rows(segments: Sequence[Segment]) -> tuple[np.ndarray, np.ndarray, list[slice]]:
-    """`segment_rows` of a decode step (one token per segment), in fewer steps: a replay's host
-    time is what it saves."""
-    for seg in segments:
-        seg.memory.check_room(1)
-    n = len(segments)
-    tokens = np.fromiter((s.tokens[0] for s in segments), np.int32, n)
-    positions = np.fromiter((s.memory.n_tokens for s in segments), np.int32, n)
-    return tokens, positions, [slice(i, i + 1) for i in range(n)]
-
-
-def bound_buffers(memory: SequenceMemory) -> list[tuple[Any, Any, Any]]:
-    """(owner, first, second) of every buffer a step binds in a memory: its recurrent states
-    and its K/V caches, which must still be the same objects when the plan is replayed."""
-    out: list[tuple[Any, Any, Any]] = [(st, st.conv, st.ssm) for st in memory.recurrent.values()]
-    out += [(memory.kv, il, cache) for il, cache in memory.kv.items()]
-    return out
-
-
-def still_bound(bound: list[tuple[Any, Any, Any]]) -> bool:
-    for owner, a, b in bound:
-        if isinstance(owner, dict):
-            if owner.get(a) is not b:
-                return False
-        elif owner.conv is not a or owner.ssm is not b:
-            return False
-    return True
+def bound_objects(memory: SequenceMemory) -> list[Any]:
+    """The objects whose buffers a step binds in a memory: its K/V caches and its recurrent
+    states (whose buffers are fixed for the state's life), which must still be the same objects
+    when the plan is replayed."""
+    return [*memory.kv.values(), *memory.recurrent.values()]
 
 
 @dataclass
@@ -83,10 +61,13 @@ class StepPlan:
     outputs: list[hk.GpuTensor]  # read back after a replay: the kept inputs, then the logits
     kept: list[tuple[int, int, int]]  # (segment, layer, tensors) of the kept inputs, in order
     memories: list[weakref.ref[SequenceMemory]]
-    bound: list[tuple[Any, Any, Any]]
+    bound: list[Any]  # bound_objects of the memories, in order
 
     def fits(self, segments: Sequence[Segment]) -> bool:
-        return all(ref() is s.memory for ref, s in zip(self.memories, segments)) and still_bound(self.bound)
+        # list equality compares identities first: no object here defines another equality
+        return all(ref() is s.memory for ref, s in zip(self.memories, segments)) and self.bound == [
+            b for s in segments for b in bound_objects(s.memory)
+        ]
 
 
 class StepPlans:
@@ -111,12 +92,13 @@ class StepPlans:
             del self._plans[key]
             return None
         self._plans.move_to_end(key)
-        tokens, positions, spans = decode_rows(segments)  # checks the room first
-        device = self.ops.device
-        device.rewrite_ids(plan.tokens, tokens)
+        for seg in segments:
+            seg.memory.check_room(1)
+        # the step's token ids and positions written, and the plan recorded, in one call
+        writes = [(plan.tokens, [s.tokens[0] for s in segments])]
         if plan.positions is not None:
-            device.rewrite_ids(plan.positions, positions)
-        device.replay(plan.plan)
+            writes.append((plan.positions, [s.memory.n_tokens for s in segments]))
+        self.ops.device.replay(plan.plan, writes)
         advance(segments)
         host = self.read_back(plan.outputs)
         at = 0
@@ -126,7 +108,7 @@ class StepPlans:
                 inputs[il] = tuple(host[at : at + n])
             at += n
         self.replays += 1
-        return split_logits(segments, spans, host[-1])
+        return split_logits(segments, [slice(i, i + 1) for i in range(len(segments))], host[-1])
 
     def capture(self, segments: Sequence[Segment]) -> CaptureLog | None:
         """A log to capture this call's forward into (capture begun), or None: not a decode step,
@@ -155,7 +137,7 @@ class StepPlans:
             outputs=log.outputs,
             kept=kept,
             memories=[weakref.ref(s.memory) for s in segments],
-            bound=[b for s in segments for b in bound_buffers(s.memory)],
+            bound=[b for s in segments for b in bound_objects(s.memory)],
         )
         self._seen.pop(key, None)
         self._drop_stale()

@@ -21,8 +21,18 @@ class GpuRecurrentState:
 
     def __init__(self, device: hk.GpuDevice, conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...]) -> None:
         self.device = device
-        self.conv = device.tensor(np.zeros(conv_shape, dtype=np.float32))
-        self.ssm = device.tensor(np.zeros(ssm_shape, dtype=np.float32))
+        self._conv = device.tensor(np.zeros(conv_shape, dtype=np.float32))
+        self._ssm = device.tensor(np.zeros(ssm_shape, dtype=np.float32))
+
+    # Read-only: the buffers stay the same ones for the state's life (new values are copied in),
+    # so a captured decode step that binds them stays valid while the state object does.
+    @property
+    def conv(self) -> hk.GpuTensor:
+        return self._conv
+
+    @property
+    def ssm(self) -> hk.GpuTensor:
+        return self._ssm
 
     @property
     def nbytes(self) -> int:
