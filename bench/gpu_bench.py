@@ -116,8 +116,9 @@ def decode_step_host_s(
     captured step's replay, or with `replay=False` the Python ops, bind groups and dispatches
     recorded one by one: work no GPU speeds up), `step_s` the whole step (submission, the
     device's work and the wait included), `submissions` per step. Medians over `steps` steps,
-    after two warm-up steps (the second is captured). `greedy`: the step returns its greedy
-    token (one number read back) instead of the logits row."""
+    after two warm-up steps (the second is captured); `replay_warm_s` (replayed steps) the
+    recording alone with warm caches. `greedy`: the step returns its greedy token (one number
+    read back) instead of the logits row."""
     from hyserve.model.architectures.base import Logits, Segment
 
     mode = Logits.ARGMAX if greedy else Logits.LAST
@@ -161,6 +162,7 @@ def decode_step_host_s(
         ops.replay_steps = True
     return {
         "record_s": statistics.median(record),
+        "replay_warm_s": replay_warm_s(arch, memory, tokens[0], mode) if replay else None,
         "step_s": statistics.median(whole),
         "submissions": statistics.median(submissions),
         "steps": steps,
@@ -169,6 +171,25 @@ def decode_step_host_s(
         "plan_dispatches": plans.last_plan.dispatches if replay and plans.last_plan else None,
         "plan_copies": plans.last_plan.copies if replay and plans.last_plan else None,
     }
+
+
+def replay_warm_s(arch: Any, memory: Any, token: int, mode: Any, times: int = 30) -> float:
+    """A decode step's replay alone (its ids written, its plan recorded), repeated back to back
+    and discarded unrun: the host's recording with warm caches, as on a machine whose CPU does
+    not do the device's work. (`record_s` follows a step that a software adapter ran on this
+    CPU, which leaves the caches cold.) Median seconds."""
+    from hyserve.model.architectures.base import Segment
+
+    step = arch.step_plans.plan_for([Segment(memory, np.asarray([token], np.int32), mode, {})])
+    device = arch.ops.device
+    writes = [(step.tokens, [token])] + ([(step.positions, [memory.n_tokens])] if step.positions is not None else [])
+    took = []
+    for _ in range(times):
+        start = time.perf_counter()
+        device.replay(step.plan, writes)
+        took.append(time.perf_counter() - start)
+        device.discard()
+    return statistics.median(took)
 
 
 def decode_bytes(arch: Any, n_ctx: int) -> int:

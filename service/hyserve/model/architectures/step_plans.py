@@ -40,10 +40,17 @@ def step_key(segments: Sequence[Segment]) -> StepKey | None:
     """The key of a decode step (every segment one token with its logits or its greedy token,
     each memory once), or None for any other call (prompt chunks, speculative verification:
     recorded op by op)."""
-    if not segments or any(len(s.tokens) != 1 or s.logits not in _DECODE_OUTPUTS for s in segments):
+    # list comprehensions rather than generators: a decode step's host time is what a plan saves
+    key = tuple(
+        [
+            (id(s.memory), s.inputs is not None, s.logits)
+            for s in segments
+            if len(s.tokens) == 1 and s.logits in _DECODE_OUTPUTS
+        ]
+    )
+    if not key or len(key) != len(segments) or len({m for m, _, _ in key}) != len(key):
         return None
-    key = tuple((id(s.memory), s.inputs is not None, s.logits) for s in segments)
-    return key if len({m for m, _, _ in key}) == len(key) else None
+    return key
 
 
 def bound_objects(memory: SequenceMemory) -> list[Any]:
@@ -65,8 +72,9 @@ class StepPlan:
 
     def fits(self, segments: Sequence[Segment]) -> bool:
         # list equality compares identities first: no object here defines another equality
-        return all(ref() is s.memory for ref, s in zip(self.memories, segments)) and self.bound == [
-            b for s in segments for b in bound_objects(s.memory)
+        memories = [s.memory for s in segments]
+        return [ref() for ref in self.memories] == memories and self.bound == [
+            b for m in memories for b in bound_objects(m)
         ]
 
 
@@ -141,6 +149,12 @@ class StepPlans:
         )
         self._seen.pop(key, None)
         self._drop_stale()
+
+    def plan_for(self, segments: Sequence[Segment]) -> StepPlan | None:
+        """The plan a decode step of these segments would replay, if any (the bench times it)."""
+        key = step_key(segments)
+        plan = None if key is None else self._plans.get(key)
+        return plan if plan is not None and plan.fits(segments) else None
 
     @property
     def last_plan(self) -> hk.GpuPlan | None:
