@@ -1,7 +1,8 @@
 """A resume is priced (engine/resume_rates.py, cache_plan/costs.py): a prefix-store entry whose
 read costs more than evaluating the tokens it saves is passed over for the slot and counted, one
 that costs less is taken, the answer is the same either way; with measured rates the first entry
-of a tier is taken and measured, and the rates an operator pins are parsed or refused clearly."""
+of a tier is taken and measured; the rates in use are exported as gauges, and the rates an
+operator pins are parsed or refused clearly."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from engine_ask import ask
 from fixtures import make_models
 from test_cache_transparency import settle
 
+from hyserve.api.metrics import StatsCollector
 from hyserve.api.resume_args import add_resume_arguments, pinned_rates
 from hyserve.engine.config import EngineConfig
 from hyserve.engine.engine import Engine
@@ -112,6 +114,44 @@ def test_measured_rates_take_a_tiers_first_entry_and_learn_from_it(
     finally:
         engine.shutdown()
     assert costs is not None and costs.prefill_s_per_token > 0 and costs.read_s_per_byte["disk"] > 0
+
+
+def resume_gauges(engine: Engine) -> dict[tuple[str, tuple[str, ...]], float]:
+    """The hyserve_resume_* samples a metrics scrape of this engine would carry."""
+    return {
+        (m.name, tuple(sample.labels.values())): sample.value
+        for m in StatsCollector(engine.stats, 512).collect()
+        if m.name.startswith("hyserve_resume_")
+        for sample in m.samples
+    }
+
+
+def test_the_prices_resumes_are_weighed_with_are_exported(model: LoadedModel, disk_dir: Path) -> None:
+    """Pinned: the gauges carry the pinned rates. Measured: nothing before the first prompt
+    forward (the furthest resume), then what the engine learned."""
+    pinned = _engine(model, disk_dir, parse_pinned_rates("prefill=2000,disk=800"))
+    try:
+        settle(pinned)
+        assert resume_gauges(pinned) == {
+            ("hyserve_resume_prefill_seconds_per_token", ()): pytest.approx(5e-4),
+            ("hyserve_resume_read_seconds_per_byte", ("disk",)): pytest.approx(1.25e-9),
+        }
+    finally:
+        pinned.shutdown()
+    measured = _engine(model, disk_dir)
+    try:
+        settle(measured)
+        assert resume_gauges(measured) == {}
+        ask(measured, FOLLOW_UP, 2)
+        settle(measured)
+        learned = measured._loop.stash.rates.costs()
+        gauges = resume_gauges(measured)
+    finally:
+        measured.shutdown()
+    assert learned is not None and gauges == {
+        ("hyserve_resume_prefill_seconds_per_token", ()): learned.prefill_s_per_token,
+        ("hyserve_resume_read_seconds_per_byte", ("disk",)): learned.read_s_per_byte["disk"],
+    }
 
 
 def test_the_furthest_choice_ignores_prices(model: LoadedModel, disk_dir: Path) -> None:

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hyserve.api.metrics_http import MetricsEndpoint, WsgiApp, start_metrics_endpoint
+from hyserve.engine.cache_plan import ResumeCosts
 from hyserve.engine.engine import EngineStats, SlotState
 
 if TYPE_CHECKING:
@@ -166,6 +167,7 @@ class StatsCollector(Collector):
             for tier, counts in c.tiers.items():
                 family.add_metric([tier], getattr(counts, what))
             yield family
+        yield from resume_cost_gauges(s.resume_costs)
         yield counter("cache_replays", "Resumes that replayed kept per-token inputs.", c.replays)
         yield counter("cache_replayed_tokens", "Positions reached by replays (no forward pass).", c.replayed_tokens)
         yield counter(
@@ -182,6 +184,26 @@ class StatsCollector(Collector):
         # only with --check-invariants (a test hook): both stay 0 otherwise
         yield counter("invariant_checks", "Slot/entry checks of the cache invariants I1-I3.", c.invariant_checks)
         yield counter("invariant_violations", "Cache invariant violations found.", c.invariant_violations)
+
+
+def resume_cost_gauges(costs: ResumeCosts | None) -> Iterator[Metric]:
+    """The rates the admission plan prices resumes with (pinned, or measured as the server runs:
+    what an operator would pin with --cache-resume-rates); no samples while it takes the
+    furthest resume."""
+    prefill = GaugeMetricFamily(
+        f"{PREFIX}_resume_prefill_seconds_per_token", "Seconds per prompt token evaluated, as resumes are priced."
+    )
+    read = GaugeMetricFamily(
+        f"{PREFIX}_resume_read_seconds_per_byte",
+        "Seconds per byte of a prefix-store entry read and restored into a slot, as resumes are priced.",
+        labels=["tier"],
+    )
+    if costs is not None:
+        prefill.add_metric([], costs.prefill_s_per_token)
+        for tier, rate in sorted(costs.read_s_per_byte.items()):
+            read.add_metric([tier], rate)
+    yield prefill
+    yield read
 
 
 def serve_metrics(

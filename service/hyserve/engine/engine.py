@@ -152,7 +152,9 @@ class Engine:
     def stats(self) -> EngineStats:
         s = self._shared
         with s.lock:
-            return EngineStats(s.snapshot, s.counters.copy(), len(s.queue), s.store_snapshot, s.memory_usage)
+            return EngineStats(
+                s.snapshot, s.counters.copy(), len(s.queue), s.store_snapshot, s.memory_usage, s.resume_costs
+            )
 
     def live_tasks(self) -> list[Task]:
         """Tasks still queued or running."""

@@ -84,6 +84,7 @@ class EngineLoop:
         self._spec = SpecStep(arch, config, shared, tokenizer.is_eog, self._after_token, self._sampling_error)
         shared.snapshot = slot_snapshots(self.slots)
         shared.store_snapshot = StoreSnapshot(0, 0, self.store.budget)
+        shared.resume_costs = self.stash.rates.costs()  # pinned rates price from the start
 
     def _new_memory(self) -> SequenceMemory:
         memory = self.arch.new_memory(self.config.n_ctx)
@@ -467,7 +468,9 @@ class EngineLoop:
         snapshot = slot_snapshots(self.slots)
         store = StoreSnapshot(len(self.store), self.store.bytes, self.store.budget)
         memory = memory_usage(self.slots, self.store)
+        costs = self.stash.rates.costs()
         with self.shared.lock:
             self.shared.snapshot = snapshot
             self.shared.store_snapshot = store
             self.shared.memory_usage = memory
+            self.shared.resume_costs = costs

@@ -10,6 +10,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from hyserve.engine.cache_plan import ResumeCosts
 from hyserve.engine.config import EngineConfig
 from hyserve.engine.scheduler import BoundedFifo
 from hyserve.engine.stats import EngineCounters, MemoryUsage, SlotSnapshot, StoreSnapshot
@@ -35,6 +36,7 @@ class Shared:
         self.snapshot: tuple[SlotSnapshot, ...] = ()
         self.store_snapshot = StoreSnapshot()
         self.memory_usage = MemoryUsage()
+        self.resume_costs: ResumeCosts | None = None
 
     def count(self, **deltas: int) -> None:
         with self.lock:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from hyserve.engine.cache_plan import CheckpointKind
+from hyserve.engine.cache_plan import CheckpointKind, ResumeCosts
 from hyserve.engine.prefix_store import PrefixStore
 from hyserve.engine.slot import Slot
 
@@ -128,6 +128,8 @@ class EngineStats:
     queued: int
     store: StoreSnapshot = StoreSnapshot()
     memory: MemoryUsage = MemoryUsage()
+    # what the admission plan prices resumes with (pinned or measured); None: the furthest resume
+    resume_costs: ResumeCosts | None = None
 
 
 def slot_snapshots(slots: Sequence[Slot]) -> tuple[SlotSnapshot, ...]:
