@@ -1,6 +1,7 @@
 """The gauges routers scrape (`hyserve_num_requests_waiting`, `..._running`, `..._kv_cache_usage_perc`,
 `..._prompt_cache_hit_ratio`) on a real server's /metrics: documented names, the replica and model
-labels, and values that move under load and come back when it is gone."""
+labels, and values that move under load and come back when it is gone; and every answer names
+the replica that gave it (`x-hyserve-replica`), as the metrics do."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.request import urlopen
 
+import grpc
 import pytest
 from fixtures import make_models
-from loopback import wait_until
+from loopback import REPLICA_HEADER, generate, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import free_port, running_server
 
 from hyserve.api.metrics import ROUTER_GAUGES, prompt_cache_hit_ratio
 from hyserve_client import Finished, FinishReason, HyserveClient
+from hyserve_client._gen import hyserve_pb2 as pb
+from hyserve_client._gen import hyserve_pb2_grpc as pb_grpc
 
 REPLICA = "replica-under-test"
 LONG = 1500  # tokens per long task: it is still running while the test looks
@@ -108,3 +112,18 @@ def test_metrics_docs_name_every_router_gauge() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docker" / "README.md").read_text()
     for name, vllm in ROUTER_GAUGES.items():
         assert f"`{name}`" in doc and f"`{vllm}`" in doc
+
+
+def test_every_answer_names_its_replica(served: tuple[str, str]) -> None:
+    """Streams, unary calls and refusals all carry the replica's own name in their initial metadata
+    (what a balancer passes through: right even for a request it redispatched)."""
+    target, _ = served
+    assert generate(target, "named", token_ids=[5, 6, 7], max_tokens=1).replica == REPLICA
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.HyserveServiceStub(channel)
+        _, call = stub.CacheStats.with_call(pb.CacheStatsRequest(), timeout=30)
+        assert dict(call.initial_metadata())[REPLICA_HEADER] == REPLICA
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.Cancel(pb.CancelRequest(task_id=""), timeout=30)
+        assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert dict(exc.value.initial_metadata())[REPLICA_HEADER] == REPLICA

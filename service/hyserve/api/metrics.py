@@ -9,7 +9,6 @@ router scrapes (ROUTER_GAUGES) carry `model_name` and `replica` labels, as vLLM'
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hyserve.api.metrics_http import MetricsEndpoint, WsgiApp, start_metrics_endpoint
+from hyserve.api.tasks import replica_name
 from hyserve.engine.cache_plan import ResumeCosts
 from hyserve.engine.engine import EngineStats, SlotState
 
@@ -58,8 +58,7 @@ class ReplicaIdentity:
 
     @classmethod
     def of(cls, replica_id: str | None, model_name: str, n_slots: int) -> ReplicaIdentity:
-        # the hostname is the pod name on Kubernetes and the container id under compose
-        return cls(replica_id or socket.gethostname(), model_name, n_slots)
+        return cls(replica_name(replica_id), model_name, n_slots)
 
 
 def prompt_cache_hit_ratio(received: int, reused: int) -> float:

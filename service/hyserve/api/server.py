@@ -375,7 +375,7 @@ async def serve(config: ServeConfig, security: Security | None = None) -> int:
     receive = ("grpc.max_receive_message_length", receive_limit_bytes(config.prompt_bytes))
     interceptors = [*security.interceptors(), DecodeGuard()]  # callers are authenticated first
     server = grpc.aio.server(options=[*SERVER_OPTIONS, receive], interceptors=interceptors)
-    servicer = HyserveServicer(security)
+    servicer = HyserveServicer(security, config.replica_id)
     add_hyserve_service(servicer, server, config.stream_stall_seconds)
     health = health_module.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -25,7 +25,7 @@ from hyserve.api.ownership import may_see
 from hyserve.api.prepare_pool import run_prepare
 from hyserve.api.proto_events import ProtoEvents
 from hyserve.api.security import Security
-from hyserve.api.tasks import SESSION_HEADER, TaskRun
+from hyserve.api.tasks import REPLICA_HEADER, SESSION_HEADER, TaskRun, replica_name
 from hyserve.api.validation import RequestLimits, ValidationError, is_task_id, prepare_generate
 from hyserve.engine.cache_plan import CheckpointKind
 from hyserve.engine.cancel import CancelSource
@@ -95,8 +95,9 @@ def memory_kind(arch: Architecture) -> int:
 
 
 class HyserveServicer(pb_grpc.HyserveServiceServicer):
-    def __init__(self, security: Security | None = None) -> None:
+    def __init__(self, security: Security | None = None, replica_id: str | None = None) -> None:
         self.runtime: Runtime | None = None  # set by the server once the model is loaded and warm
+        self.replica = ((REPLICA_HEADER, replica_name(replica_id)),)  # sent first on every call
         self.security = security or Security()  # who calls, and which tasks are theirs (ownership.py)
         self.early_cancels = EarlyCancels()  # Cancels that came before their Generate's task
 
@@ -105,6 +106,9 @@ class HyserveServicer(pb_grpc.HyserveServiceServicer):
         return self.security.identity.of_grpc(context).owner
 
     async def _ready(self, context: grpc.aio.ServicerContext) -> Runtime:
+        """The loaded model (or UNAVAILABLE while it loads), after naming this replica in the
+        call's initial metadata: every RPC of the service starts here."""
+        await context.send_initial_metadata(self.replica)
         runtime = self.runtime
         if runtime is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry later")

@@ -15,6 +15,7 @@ not route on it; it only binds it to the task's log lines.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 from hyserve.api.limits import MAX_PENDING_EVENTS
@@ -23,9 +24,17 @@ from hyserve.engine.cancel import CancelSource
 from hyserve.engine.engine import Engine
 from hyserve.engine.task import Event, FailedEvent, FinishedEvent, Task
 
-__all__ = ["SESSION_HEADER", "StreamStalledError", "TaskRun"]
+__all__ = ["REPLICA_HEADER", "SESSION_HEADER", "StreamStalledError", "TaskRun", "replica_name"]
 
 SESSION_HEADER = "x-session-id"
+# initial metadata of every answer: the replica that gave it (a balancer passes it through, so a
+# request it redispatched after a refused connection still names the replica that answered)
+REPLICA_HEADER = "x-hyserve-replica"
+
+
+def replica_name(replica_id: str | None) -> str:
+    """`--replica-id`, or the hostname: the pod name on Kubernetes, the container id under compose."""
+    return replica_id or socket.gethostname()
 
 
 class StreamStalledError(RuntimeError):
