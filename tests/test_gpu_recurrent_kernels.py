@@ -80,6 +80,10 @@ def test_gated_delta_rule_matches_the_cpu(gpu, nk: int, nv: int, dk: int, dv: in
     np.testing.assert_array_equal(gpu.to_host(fin), gpu.to_host(new_gpu))
     again = gpu.empty(st.shape)
     np.testing.assert_array_equal(gpu.to_host(gpu.gated_delta_rule(*t, again, nk, nv, grouped)), whole)
+    # no tokens: the state is carried over as it is
+    carried = gpu.empty(st.shape)
+    gpu.gated_delta_rule(*[gpu.rows(a, 0, 0) for a in t[:5]], t[5], carried, nk, nv, grouped)
+    np.testing.assert_array_equal(gpu.to_host(carried), st)
 
 
 @pytest.mark.parametrize(("nk", "nv", "dk", "dv", "grouped"), [(2, 4, 40, 24, False), (2, 6, 16, 16, True)])

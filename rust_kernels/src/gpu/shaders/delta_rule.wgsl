@@ -6,6 +6,8 @@
 // owns one (head, row) for all tokens, in order: no cross-invocation reduction, and the bits of a
 // token do not depend on how the sequence was chunked. Dot products in the CPU's order: 32 lanes of
 // fused multiply-adds over the first d_k & ~31 keys, ggml's lane reduction, then the tail in order.
+// Each of a token's two state steps (decay, update) is fused with the dot product that reads its
+// result: two passes over a state row per token, each reading and writing it once.
 
 struct Params {
     n: u32,       // tokens
@@ -45,8 +47,22 @@ fn reduce32(l: ptr<function, array<f32, 32>>) -> f32 {
     return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
-// sum_i state_out[row + i] * qk[at + i], i < dk, in the CPU's order (`at`: the token's q or k head)
-fn dot_row(row: u32, at: u32) -> f32 {
+// The next value of the state at row + i: the decay (`update` false; from state_in on the call's
+// first token), or the delta update with the token's k at `at_k`.
+fn next_value(row: u32, i: u32, update: bool, first: bool, c: f32, at_k: u32) -> f32 {
+    if update {
+        return fma(qk[at_k + i], c, state_out[row + i]);
+    }
+    if first {
+        return state_in[row + i] * c;
+    }
+    return state_out[row + i] * c;
+}
+
+// Writes the state row's next values (`next_value`) and returns their dot product with the q or k
+// head at `at`, in the CPU's order: one pass over the row where a step and then a dot product
+// would take two (the same operations on the same values, so the same bits).
+fn step_dot(row: u32, update: bool, first: bool, c: f32, at_k: u32, at: u32) -> f32 {
     let n = p.dk;
     let np = n & ~31u;
     var lanes: array<f32, 32>;
@@ -54,17 +70,19 @@ fn dot_row(row: u32, at: u32) -> f32 {
         lanes[l] = 0.0;
     }
     for (var i = 0u; i < np; i++) {
-        let y = qk[at + i];
-        lanes[i % 32u] = fma(state_out[row + i], y, lanes[i % 32u]);
+        let s = next_value(row, i, update, first, c, at_k);
+        state_out[row + i] = s;
+        lanes[i % 32u] = fma(s, qk[at + i], lanes[i % 32u]);
     }
     var sum = reduce32(&lanes);
     let split = np + fused_from(n - np);
     for (var i = np; i < n; i++) {
-        let y = qk[at + i];
+        let s = next_value(row, i, update, first, c, at_k);
+        state_out[row + i] = s;
         if i < split {
-            sum = sum + mul_soft(state_out[row + i], y);  // rounded, as the CPU's (never fused)
+            sum = sum + mul_soft(s, qk[at + i]);  // rounded, as the CPU's (never fused)
         } else {
-            sum = fma(state_out[row + i], y, sum);
+            sum = fma(s, qk[at + i], sum);
         }
     }
     return sum;
@@ -83,21 +101,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         hk = h / (p.nv / p.nk);
     }
     let row = idx * p.dk;
-    for (var i = 0u; i < p.dk; i++) {
-        state_out[row + i] = state_in[row + i];
+    if p.n == 0u {  // the call only carries the state over
+        for (var i = 0u; i < p.dk; i++) {
+            state_out[row + i] = state_in[row + i];
+        }
     }
     for (var t = 0u; t < p.n; t++) {
         let at_q = (2u * t * p.nk + hk) * p.dk;
         let at_k = at_q + p.nk * p.dk;
         let decay = exp(g[t * p.nv + h]);
-        for (var i = 0u; i < p.dk; i++) {
-            state_out[row + i] = state_out[row + i] * decay;
-        }
-        let sk = dot_row(row, at_k);
+        let sk = step_dot(row, false, t == 0u, decay, 0u, at_k);  // S <- exp(g) S, then S k
         let delta = (v[t * p.v_stride + p.v_offset + h * p.dv + j] - sk) * beta[t * p.nv + h];
-        for (var i = 0u; i < p.dk; i++) {
-            state_out[row + i] = fma(qk[at_k + i], delta, state_out[row + i]);
-        }
-        out[(t * p.nv + h) * p.dv + j] = dot_row(row, at_q) * p.scale;
+        // S += k delta, then S q
+        out[(t * p.nv + h) * p.dv + j] = step_dot(row, true, false, delta, at_k, at_q) * p.scale;
     }
 }
