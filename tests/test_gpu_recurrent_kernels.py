@@ -117,6 +117,60 @@ def test_the_packed_delta_rule_gives_the_bits_of_its_columns_apart(
     close(gpu.to_host(new), cpu_new)
 
 
+def test_a_long_sequence_in_one_call_matches_the_cpu(gpu) -> None:
+    """400 tokens of 128-key heads in one call: past what one llvmpipe invocation may loop (it ends
+    a loop after 65,535 iterations), so software adapters run the tokens in shorter dispatches."""
+    n, nk, nv, dk, dv = 400, 1, 2, 128, 8
+    q, k = l2_rows(rand(n, nk * dk), dk), l2_rows(rand(n, nk * dk), dk)
+    v = rand(n, nv * dv)
+    g, beta = CPU.gdn_gates(rand(n, nv), rand(n, nv), rand(nv), -np.exp(rand(nv, scale=0.5)))
+    st = rand(nv, dv, dk, scale=0.1)
+    new_cpu = np.empty_like(st)
+    cpu = CPU.gated_delta_rule(q, k, v, g, beta, st, new_cpu, nk, nv, False)
+    new_gpu = gpu.empty(st.shape)
+    out = gpu.gated_delta_rule(*[gpu.vector(a) for a in (q, k, v, g, beta, st)], new_gpu, nk, nv, False)
+    close(gpu.to_host(out), cpu)
+    close(gpu.to_host(new_gpu), new_cpu)
+
+
+@pytest.mark.parametrize(("nk", "nv", "dk", "dv"), [(2, 4, 40, 24), (1, 2, 128, 8), (1, 1, 67, 5)])
+def test_fast_numerics_normalise_q_and_k_in_the_rules_own_pass(gpu, gpu_fast_device, nk, nv, dk, dv) -> None:
+    """In fast numerics the rule L2-normalises q and k itself (delta_rule.wgsl's `l2`), one pass
+    less: close to the norm's pass and then the rule, the same bits run after run and however the
+    tokens are chunked, over long sequences too."""
+    import hyserve_kernels._native as native
+
+    from hyserve.model.backend.gpu import GpuBackend
+    from hyserve.model.backend.recurrent_gpu import l2_constants
+
+    fast = GpuBackend(gpu_fast_device)
+    n, width = 300, 2 * nk * dk
+    u = rand(n, width + nv * dv)
+    g, beta = CPU.gdn_gates(rand(n, nv), rand(n, nv), rand(nv), -np.exp(rand(nv, scale=0.5)))
+    tu, tg, tb, ts = (fast.vector(a) for a in (u, g, beta, rand(nv, dv, dk, scale=0.1)))
+
+    def fused(a: int, b: int, state):  # tokens a..b from `state`: (outputs, new state)
+        new = fast.empty((nv, dv, dk))
+        rows = [fast.rows(t, a, b) for t in (tu, tg, tb)]
+        return fast.gated_delta_rule_packed(*rows, state, new, nk, nv, False, 1e-6), new
+
+    whole, whole_new = fused(0, n, ts)
+    eps_dk, weight = l2_constants(dk, 1e-6)
+    qk = gpu_fast_device.rms_norm(tu, fast.vector(np.full(dk, weight, np.float32)), eps_dk, dk, width)
+    apart_new = fast.empty((nv, dv, dk))
+    apart = native.gpu_delta_rule(gpu_fast_device, qk, tu, width, tg, tb, ts, apart_new, nk, nv, False)
+    close(fast.to_host(whole), fast.to_host(apart), 1e-4)
+    close(fast.to_host(whole_new), fast.to_host(apart_new), 1e-4)
+    again, _ = fused(0, n, ts)
+    np.testing.assert_array_equal(fast.to_host(again), fast.to_host(whole))
+    first, mid = fused(0, 137, ts)
+    rest, end = fused(137, n, mid)
+    np.testing.assert_array_equal(np.concatenate([fast.to_host(first), fast.to_host(rest)]), fast.to_host(whole))
+    np.testing.assert_array_equal(fast.to_host(end), fast.to_host(whole_new))
+    with pytest.raises(ValueError, match="fast numerics only"):
+        native.gpu_delta_rule(gpu.device, tu, tu, width, tg, tb, ts, apart_new, nk, nv, False, (eps_dk, weight))
+
+
 def test_a_norm_of_leading_columns_reads_them_in_place(gpu) -> None:
     """`rms_norm(..., width=)` normalises the first columns of each row in groups, as a norm of
     those columns copied out would, and refuses widths the rows cannot hold."""

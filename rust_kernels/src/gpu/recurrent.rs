@@ -7,6 +7,7 @@
 use bytemuck::bytes_of;
 
 use super::device::{Access, Gpu, GpuBuffer, Kernel};
+use super::Numerics;
 
 use Access::{Read, ReadWrite, Uniform};
 
@@ -197,6 +198,11 @@ pub struct DeltaRule {
     pub dk: usize,
     pub dv: usize,
     pub grouped: bool,
+    /// values per token row of the qk input (its q then k heads at the start)
+    pub qk_stride: usize,
+    /// fast numerics: L2-normalise q and k in the kernel as `rms_norm(x, eps) * weight` would
+    /// (eps, weight), instead of reading them normalised
+    pub l2: Option<(f32, f32)>,
 }
 
 /// Where the gated delta rule reads v: `stride` values per token row, v at `offset` in it.
@@ -205,8 +211,9 @@ pub struct VColumns {
     pub offset: usize,
 }
 
-/// The gated delta rule over `n` tokens; `qk` holds each token's q then k heads (n × 2·nk·dk),
-/// `v` its v heads at `v_at`. Returns n × nv × dv, writes the new state to `state_out`.
+/// The gated delta rule over `n` tokens; `qk` holds each token's q then k heads at the start of
+/// rows of `s.qk_stride`, `v` its v heads at `v_at`. Returns n × nv × dv, writes the new state to
+/// `state_out`.
 #[allow(clippy::too_many_arguments)]
 pub fn delta_rule(
     gpu: &Gpu,
@@ -222,20 +229,10 @@ pub fn delta_rule(
     let out = gpu.alloc((s.n * s.nv * s.dv * 4) as u64);
     let (gx, gy) = groups_1d(s.nv * s.dv);
     let scale = 1.0f32 / (s.dk as f32).sqrt();
-    let p = [
-        s.n as u32,
-        s.nk as u32,
-        s.nv as u32,
-        s.dk as u32,
-        s.dv as u32,
-        u32::from(s.grouped),
-        scale.to_bits(),
-        gx,
-        v_at.stride as u32,
-        v_at.offset as u32,
-        0,
-        0,
-    ];
+    assert!(
+        s.l2.is_none() || gpu.numerics() == Numerics::Fast,
+        "the delta rule normalises q and k itself in fast numerics only"
+    );
     let buffers = [
         qk.raw(),
         v.raw(),
@@ -245,7 +242,35 @@ pub fn delta_rule(
         state_out.raw(),
         out.raw(),
     ];
-    gpu.dispatch(&DELTA_RULE, &[], &buffers, bytes_of(&p), [gx, gy, 1]);
+    // llvmpipe ends a loop after 65,535 iterations of one invocation: on a software adapter the
+    // tokens go in runs short enough for that, each continuing from the state the last one
+    // wrote (the same operations in the same order: the same bits)
+    let run = if gpu.is_software() {
+        (32_768 / (4 * s.dk + 64)).max(1)
+    } else {
+        s.n
+    };
+    for t0 in (0..s.n).step_by(run.max(1)) {
+        let p = [
+            (t0 + run).min(s.n) as u32,
+            s.nk as u32,
+            s.nv as u32,
+            s.dk as u32,
+            s.dv as u32,
+            u32::from(s.grouped),
+            scale.to_bits(),
+            gx,
+            v_at.stride as u32,
+            v_at.offset as u32,
+            s.qk_stride as u32,
+            u32::from(s.l2.is_some()),
+            s.l2.map_or(0, |(eps, _)| eps.to_bits()),
+            s.l2.map_or(0, |(_, w)| w.to_bits()),
+            t0 as u32,
+            0,
+        ];
+        gpu.dispatch(&DELTA_RULE, &[], &buffers, bytes_of(&p), [gx, gy, 1]);
+    }
     out
 }
 

@@ -10,7 +10,7 @@
 // result: two passes over a state row per token, each reading and writing it once.
 
 struct Params {
-    n: u32,       // tokens
+    n: u32,       // tokens: this dispatch runs tokens t0 .. n
     nk: u32,      // q/k heads
     nv: u32,      // v heads
     dk: u32,
@@ -20,11 +20,15 @@ struct Params {
     groups_x: u32,
     v_stride: u32, // values per row of the v input
     v_offset: u32, // where v starts in its row (a delta-net layer's convolution output holds q|k|v)
-    _a: u32,
+    qk_stride: u32, // values per token row of the qk input (q then k at its start)
+    l2: u32,       // 1: q and k are L2-normalised here (fast numerics), not by a norm pass first
+    l2_eps: f32,   // that norm's eps and weight: rms_norm(x, eps / dk) * (1 / sqrt(dk))
+    l2_weight: f32,
+    t0: u32,      // the first token this dispatch runs (past 0: it continues from state_out)
     _b: u32,
 }
 
-@group(0) @binding(0) var<storage, read> qk: array<f32>;   // n x [q: nk x dk | k: nk x dk]
+@group(0) @binding(0) var<storage, read> qk: array<f32>;   // n x qk_stride: [q: nk x dk | k: nk x dk ...]
 @group(0) @binding(1) var<storage, read> v: array<f32>;    // n x v_stride, v at v_offset: nv x dv
 @group(0) @binding(2) var<storage, read> g: array<f32>;    // n x nv (log decay)
 @group(0) @binding(3) var<storage, read> beta: array<f32>; // n x nv
@@ -47,11 +51,31 @@ fn reduce32(l: ptr<function, array<f32, 32>>) -> f32 {
     return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
+// Element i of the q or k head at `at`, times the head's L2 scale `s` and the norm's weight when
+// normalised here (x * scale, then * weight, as norm.wgsl writes a normalised value).
+fn qk_at(at: u32, i: u32, s: f32) -> f32 {
+    if p.l2 != 0u {
+        return qk[at + i] * s * p.l2_weight;
+    }
+    return qk[at + i];
+}
+
+// 1 / sqrt(mean(x^2) + eps) of the head at `at`, the squares summed in order with fma (a fixed
+// order per token: the bits never depend on the batch or the chunking).
+fn l2_scale(at: u32) -> f32 {
+    var sum = 0.0;
+    for (var i = 0u; i < p.dk; i++) {
+        let x = qk[at + i];
+        sum = fma(x, x, sum);
+    }
+    return 1.0 / sqrt(sum / f32(p.dk) + p.l2_eps);
+}
+
 // The next value of the state at row + i: the decay (`update` false; from state_in on the call's
-// first token), or the delta update with the token's k at `at_k`.
-fn next_value(row: u32, i: u32, update: bool, first: bool, c: f32, at_k: u32) -> f32 {
+// first token), or the delta update with the token's k at `at_k` (L2 scale s_k).
+fn next_value(row: u32, i: u32, update: bool, first: bool, c: f32, at_k: u32, s_k: f32) -> f32 {
     if update {
-        return fma(qk[at_k + i], c, state_out[row + i]);
+        return fma(qk_at(at_k, i, s_k), c, state_out[row + i]);
     }
     if first {
         return state_in[row + i] * c;
@@ -62,7 +86,7 @@ fn next_value(row: u32, i: u32, update: bool, first: bool, c: f32, at_k: u32) ->
 // Writes the state row's next values (`next_value`) and returns their dot product with the q or k
 // head at `at`, in the CPU's order: one pass over the row where a step and then a dot product
 // would take two (the same operations on the same values, so the same bits).
-fn step_dot(row: u32, update: bool, first: bool, c: f32, at_k: u32, at: u32) -> f32 {
+fn step_dot(row: u32, update: bool, first: bool, c: f32, at_k: u32, s_k: f32, at: u32, s_at: f32) -> f32 {
     let n = p.dk;
     let np = n & ~31u;
     var lanes: array<f32, 32>;
@@ -70,19 +94,19 @@ fn step_dot(row: u32, update: bool, first: bool, c: f32, at_k: u32, at: u32) -> 
         lanes[l] = 0.0;
     }
     for (var i = 0u; i < np; i++) {
-        let s = next_value(row, i, update, first, c, at_k);
+        let s = next_value(row, i, update, first, c, at_k, s_k);
         state_out[row + i] = s;
-        lanes[i % 32u] = fma(s, qk[at + i], lanes[i % 32u]);
+        lanes[i % 32u] = fma(s, qk_at(at, i, s_at), lanes[i % 32u]);
     }
     var sum = reduce32(&lanes);
     let split = np + fused_from(n - np);
     for (var i = np; i < n; i++) {
-        let s = next_value(row, i, update, first, c, at_k);
+        let s = next_value(row, i, update, first, c, at_k, s_k);
         state_out[row + i] = s;
         if i < split {
-            sum = sum + mul_soft(s, qk[at + i]);  // rounded, as the CPU's (never fused)
+            sum = sum + mul_soft(s, qk_at(at, i, s_at));  // rounded, as the CPU's (never fused)
         } else {
-            sum = fma(s, qk[at + i], sum);
+            sum = fma(s, qk_at(at, i, s_at), sum);
         }
     }
     return sum;
@@ -101,18 +125,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         hk = h / (p.nv / p.nk);
     }
     let row = idx * p.dk;
-    if p.n == 0u {  // the call only carries the state over
-        for (var i = 0u; i < p.dk; i++) {
-            state_out[row + i] = state_in[row + i];
-        }
-    }
-    for (var t = 0u; t < p.n; t++) {
-        let at_q = (2u * t * p.nk + hk) * p.dk;
+    for (var t = p.t0; t < p.n; t++) {
+        let at_q = t * p.qk_stride + hk * p.dk;
         let at_k = at_q + p.nk * p.dk;
+        var s_q = 1.0;
+        var s_k = 1.0;
+        if p.l2 != 0u {
+            s_q = l2_scale(at_q);
+            s_k = l2_scale(at_k);
+        }
         let decay = exp(g[t * p.nv + h]);
-        let sk = step_dot(row, false, t == 0u, decay, 0u, at_k);  // S <- exp(g) S, then S k
+        let sk = step_dot(row, false, t == 0u, decay, 0u, 1.0, at_k, s_k);  // S <- exp(g) S, then S k
         let delta = (v[t * p.v_stride + p.v_offset + h * p.dv + j] - sk) * beta[t * p.nv + h];
         // S += k delta, then S q
-        out[(t * p.nv + h) * p.dv + j] = step_dot(row, true, false, delta, at_k, at_q) * p.scale;
+        out[(t * p.nv + h) * p.dv + j] = step_dot(row, true, false, delta, at_k, s_k, at_q, s_q) * p.scale;
     }
 }

@@ -10,6 +10,7 @@ use super::device::GpuDevice;
 use super::rows::ops_copy;
 use super::tensor::{Dtype, GpuTensor};
 use crate::gpu::recurrent::{self, Conv, DeltaRule, Mamba2, RowsOfA, VColumns};
+use crate::gpu::Numerics;
 use crate::py::common::value_error;
 
 pub(super) fn f32_tensor(buf: crate::gpu::GpuBuffer, shape: Vec<usize>) -> GpuTensor {
@@ -111,10 +112,13 @@ fn gpu_conv1d(
     Ok(f32_tensor(out, vec![n, channels]))
 }
 
-/// The gated delta rule: qk (n × 2·nk·dk: each token's q heads then its k heads, L2-normalised),
-/// v (n rows, its nv·dv values from column `v_offset` on: the rest of a row is not read), g, beta
-/// (n × nv), states nv × dv × dk. Returns n × nv × dv; the new state goes to state_out.
+/// The gated delta rule: qk (n × 2·nk·dk: each token's q heads then its k heads, L2-normalised;
+/// or with `l2 = (eps, weight)`, fast numerics, any n rows that start with q and k as they are,
+/// normalised in the kernel as `rms_norm(x, eps) * weight` per head would), v (n rows, its nv·dv
+/// values from column `v_offset` on: the rest of a row is not read), g, beta (n × nv), states
+/// nv × dv × dk. Returns n × nv × dv; the new state goes to state_out.
 #[pyfunction]
+#[pyo3(signature = (dev, qk, v, v_offset, g, beta, state_in, state_out, nk, nv, grouped, l2 = None))]
 #[allow(clippy::too_many_arguments)]
 fn gpu_delta_rule(
     dev: PyRef<'_, GpuDevice>,
@@ -128,6 +132,7 @@ fn gpu_delta_rule(
     nk: usize,
     nv: usize,
     grouped: bool,
+    l2: Option<(f32, f32)>,
 ) -> PyResult<GpuTensor> {
     check_f32(&[&qk, &v, &g, &beta, &state_in, &state_out], "delta_rule")?;
     if nk == 0 || !nv.is_multiple_of(nk) {
@@ -135,15 +140,28 @@ fn gpu_delta_rule(
             "delta_rule: {nv} v heads over {nk} k heads"
         )));
     }
+    if l2.is_some() && dev.gpu.numerics() != Numerics::Fast {
+        return Err(value_error(
+            "delta_rule: q and k are normalised in the kernel in fast numerics only",
+        ));
+    }
     let n = rows_of(&g, nv, "delta_rule (g per v head)")?;
     if n == 0 {
         ops_copy(&dev, &state_in, &state_out);
         return Ok(f32_tensor(dev.gpu.alloc(0), vec![0, nv, 0]));
     }
-    let dk = qk.size() / (n * 2 * nk);
+    // unnormalised q and k are the first columns of wider rows (the convolution's q|k|v): the
+    // state's last dimension says dk; normalised ones are rows of exactly q|k
+    let qk_stride = qk.size() / n;
+    let dk = match l2 {
+        Some(_) => *state_in.shape.last().unwrap_or(&0),
+        None => qk_stride / (2 * nk),
+    };
     let dv = state_in.size() / (nv * dk.max(1));
     let v_stride = v.size() / n;
-    let ok = qk.size() == n * 2 * nk * dk
+    let ok = qk.size() == n * qk_stride
+        && 2 * nk * dk <= qk_stride
+        && (l2.is_some() || qk_stride == 2 * nk * dk)
         && dk > 0
         && dv > 0
         && v.size() == n * v_stride
@@ -163,6 +181,8 @@ fn gpu_delta_rule(
         dk,
         dv,
         grouped,
+        qk_stride,
+        l2,
     };
     let v_at = VColumns {
         stride: v_stride,

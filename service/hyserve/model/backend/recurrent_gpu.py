@@ -185,25 +185,19 @@ class GpuRecurrentOps:
     ) -> hk.GpuTensor:
         dk = state.shape[-1]
         width = 2 * n_k_heads * dk
-        if l2_eps is None:
-            qk = self.columns(u, 0, width)
-        else:  # q and k normalised straight out of u (one pass, no copies of the columns)
-            qk = self._l2_normalised(u, dk, l2_eps, width)
+        rest = (g, beta, state, new_state, n_k_heads, n_v_heads, grouped)
         # the kernel reads v from u's own rows
-        return native.gpu_delta_rule(
-            self.device, qk, u, width, g, beta, state, new_state, n_k_heads, n_v_heads, grouped
-        )
-
-    def _l2_normalised(self, x: hk.GpuTensor, dk: int, l2_eps: float, width: int) -> hk.GpuTensor:
-        """The first `width` columns of x, L2-normalised per group of dk as the CPU and current
-        llama.cpp's graph do it: rms_norm(x, eps / dk) * (1 / sqrt(dk)), both constants rounded in
-        f32 as the CPU computes them (ggml_l2_norm's own formula differs in the last bits). The
-        factor is the norm's weight: x * scale * w rounds as a norm and then a scale do."""
-        eps_dk = float(np.float32(l2_eps) / np.float32(dk))
+        if l2_eps is None:
+            return native.gpu_delta_rule(self.device, self.columns(u, 0, width), u, width, *rest)
+        eps_dk, weight = l2_constants(dk, l2_eps)
+        if self.device.numerics == "fast":  # q and k normalised in the rule's own pass
+            return native.gpu_delta_rule(self.device, u, u, width, *rest, (eps_dk, weight))
+        # exact: the norm's pass (the CPU's exact sums), straight out of u (no copies of the columns)
         scales = self.__dict__.setdefault("_l2_scales", {})
         if dk not in scales:
-            scales[dk] = self.device.tensor(np.full(dk, np.float32(1) / np.sqrt(np.float32(dk)), np.float32))
-        return self.device.rms_norm(x, scales[dk], eps_dk, dk, width)
+            scales[dk] = self.device.tensor(np.full(dk, weight, np.float32))
+        qk = self.device.rms_norm(u, scales[dk], eps_dk, dk, width)
+        return native.gpu_delta_rule(self.device, qk, u, width, *rest)
 
     def mamba2_scan(
         self,
@@ -231,3 +225,11 @@ class GpuRecurrentOps:
             parts = [t.reshape(1, -1) for t in (a, d, dt_bias)]
             packed[key] = (a, d, dt_bias, native.gpu_concat_columns(self.device, parts))
         return packed[key][3]
+
+
+def l2_constants(dk: int, l2_eps: float) -> tuple[float, float]:
+    """How q and k are L2-normalised per head of dk, as the CPU and current llama.cpp's graph do
+    it: rms_norm(x, eps / dk) * (1 / sqrt(dk)), both constants rounded in f32 as the CPU computes
+    them (ggml_l2_norm's own formula differs in the last bits). The factor is the norm's weight:
+    x * scale * w rounds as a norm and then a scale do. Returns (eps / dk, 1 / sqrt(dk))."""
+    return float(np.float32(l2_eps) / np.float32(dk)), float(np.float32(1) / np.sqrt(np.float32(dk)))
