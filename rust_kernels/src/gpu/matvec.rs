@@ -192,11 +192,10 @@ fn matmul_fast(gpu: &Gpu, ws: &[&GpuWeight], n: usize, act: [&wgpu::Buffer; 4]) 
         .iter()
         .map(|w| gpu.alloc((n * w.rows * 4) as u64))
         .collect();
-    let per_wg = 64 / threads(gpu) as usize;
     if let [w] = ws {
         for (buf, row0, rows) in &w.chunks {
             let part = [(buf.raw(), *rows, outs[0].raw(), w.rows)];
-            dispatch_fast(gpu, &MATMUL_FAST, w, n, *row0, &part, act, per_wg);
+            dispatch_fast(gpu, &MATMUL_FAST, w, n, *row0, &part, act);
         }
         return outs;
     }
@@ -208,13 +207,12 @@ fn matmul_fast(gpu: &Gpu, ws: &[&GpuWeight], n: usize, act: [&wgpu::Buffer; 4]) 
         .chain(spare)
         .take(MAX_PARTS)
         .collect();
-    dispatch_fast(gpu, &MATMUL_FAST_PARTS, ws[0], n, 0, &parts, act, per_wg);
+    dispatch_fast(gpu, &MATMUL_FAST_PARTS, ws[0], n, 0, &parts, act);
     outs
 }
 
 /// One matmul_fast dispatch over `parts` (weight binding, its rows, output, output row length;
 /// parts without rows are unused), whose weights share `w`'s format and row length.
-#[allow(clippy::too_many_arguments)]
 fn dispatch_fast(
     gpu: &Gpu,
     kernel: &Kernel,
@@ -223,8 +221,9 @@ fn dispatch_fast(
     row0: usize,
     parts: &[(&wgpu::Buffer, usize, &wgpu::Buffer, usize)],
     act: [&wgpu::Buffer; 4],
-    per_wg: usize,
 ) {
+    let threads = threads(gpu);
+    let per_wg = 64 / threads as usize; // weight rows per workgroup
     let mut first_group = [u32::MAX; MAX_PARTS];
     let (mut rows, mut out_cols) = ([0u32; MAX_PARTS], [0u32; MAX_PARTS]);
     let mut groups = 0;
@@ -251,7 +250,7 @@ fn dispatch_fast(
     buffers.extend(parts[1..].iter().map(|p| p.2));
     gpu.dispatch(
         kernel,
-        &[("FMT", w.ggml_type), ("THREADS", threads(gpu))],
+        &[("FMT", w.ggml_type), ("THREADS", threads)],
         &buffers,
         bytemuck::cast_slice(&p),
         [gx, gy, n.div_ceil(TILE) as u32],

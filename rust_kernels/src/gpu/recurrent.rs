@@ -246,11 +246,12 @@ pub fn delta_rule(
     // tokens go in runs short enough for that, each continuing from the state the last one
     // wrote (the same operations in the same order: the same bits)
     let run = if gpu.is_software() {
-        (32_768 / (4 * s.dk + 64)).max(1)
+        32_768 / (4 * s.dk + 64)
     } else {
         s.n
-    };
-    for t0 in (0..s.n).step_by(run.max(1)) {
+    }
+    .max(1);
+    for t0 in (0..s.n).step_by(run) {
         let p = [
             (t0 + run).min(s.n) as u32,
             s.nk as u32,
