@@ -79,7 +79,9 @@ kernels_key=$(cd rust_kernels && find . \( -path ./target -o -name __pycache__ \
 kernels_dir="$WHEELS/kernels-$kernels_key"
 if ! ls "$kernels_dir"/hyserve_kernels-*.whl >/dev/null 2>&1; then
     rm -rf "$kernels_dir.partial"
-    "$PY" -m pip wheel -q --no-deps -w "$kernels_dir.partial" ./rust_kernels
+    # in the cached target dir the tests' cargo runs use: dependencies built once, not per clone
+    CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/cargo-target}" \
+        "$PY" -m pip wheel -q --no-deps -w "$kernels_dir.partial" ./rust_kernels
     find "$WHEELS" -maxdepth 1 -name 'kernels-*' ! -name '*.partial' -exec rm -rf {} +  # older source states
     mv "$kernels_dir.partial" "$kernels_dir"
 fi

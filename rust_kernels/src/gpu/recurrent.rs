@@ -64,9 +64,23 @@ static DELTA_RULE: Kernel = Kernel {
     entry: "main",
     bindings: DELTA_RULE_BINDINGS,
 };
+/// Fast numerics' delta rule: 32 lanes a state row, the row held in registers for the call.
+static DELTA_RULE_FAST: Kernel = Kernel {
+    name: "delta_rule_fast",
+    sources: &[include_str!("shaders/delta_rule_fast.wgsl")],
+    entry: "main",
+    bindings: DELTA_RULE_BINDINGS,
+};
 static MAMBA2_SCAN: Kernel = Kernel {
     name: "mamba2_scan",
     sources: &[MATH, include_str!("shaders/mamba2_scan.wgsl")],
+    entry: "main",
+    bindings: SCAN_BINDINGS,
+};
+/// Fast numerics' Mamba2 scan: 32 lanes a state row, the row held in registers for the call.
+static MAMBA2_SCAN_FAST: Kernel = Kernel {
+    name: "mamba2_scan_fast",
+    sources: &[include_str!("shaders/mamba2_scan_fast.wgsl")],
     entry: "main",
     bindings: SCAN_BINDINGS,
 };
@@ -227,7 +241,15 @@ pub fn delta_rule(
     s: &DeltaRule,
 ) -> GpuBuffer {
     let out = gpu.alloc((s.n * s.nv * s.dv * 4) as u64);
-    let (gx, gy) = groups_1d(s.nv * s.dv);
+    // fast numerics: 32 invocations a state row, 8 keys each (wider heads, which no published
+    // model has, take the one-invocation kernel); exact: one (the CPU's order of a row's sums)
+    let fast = gpu.numerics() == Numerics::Fast && s.dk <= 256;
+    let (kernel, lanes) = if fast {
+        (&DELTA_RULE_FAST, 32)
+    } else {
+        (&DELTA_RULE, 1)
+    };
+    let (gx, gy) = groups_1d(s.nv * s.dv * lanes);
     let scale = 1.0f32 / (s.dk as f32).sqrt();
     assert!(
         s.l2.is_none() || gpu.numerics() == Numerics::Fast,
@@ -244,9 +266,10 @@ pub fn delta_rule(
     ];
     // llvmpipe ends a loop after 65,535 iterations of one invocation: on a software adapter the
     // tokens go in runs short enough for that, each continuing from the state the last one
-    // wrote (the same operations in the same order: the same bits)
+    // wrote (the same operations in the same order: the same bits). An exact-mode invocation
+    // loops over its whole row per token, a fast-mode one over at most 8 keys at a time.
     let run = if gpu.is_software() {
-        32_768 / (4 * s.dk + 64)
+        32_768 / if fast { 64 } else { 4 * s.dk + 64 }
     } else {
         s.n
     }
@@ -270,7 +293,7 @@ pub fn delta_rule(
             t0 as u32,
             0,
         ];
-        gpu.dispatch(&DELTA_RULE, &[], &buffers, bytes_of(&p), [gx, gy, 1]);
+        gpu.dispatch(kernel, &[], &buffers, bytes_of(&p), [gx, gy, 1]);
     }
     out
 }
@@ -299,17 +322,14 @@ pub fn mamba2_scan(
     s: &Mamba2,
 ) -> GpuBuffer {
     let out = gpu.alloc((s.n * s.n_heads * s.head_dim * 4) as u64);
-    let (gx, gy) = groups_1d(s.n_heads * s.head_dim);
-    let p = [
-        s.n as u32,
-        s.n_heads as u32,
-        s.head_dim as u32,
-        s.n_groups as u32,
-        s.d_state as u32,
-        gx,
-        0,
-        0,
-    ];
+    // fast numerics: 32 invocations a state row, 8 states each (as the delta rule)
+    let fast = gpu.numerics() == Numerics::Fast && s.d_state <= 256;
+    let (kernel, lanes) = if fast {
+        (&MAMBA2_SCAN_FAST, 32)
+    } else {
+        (&MAMBA2_SCAN, 1)
+    };
+    let (gx, gy) = groups_1d(s.n_heads * s.head_dim * lanes);
     let buffers = [
         x.raw(),
         dt.raw(),
@@ -320,7 +340,26 @@ pub fn mamba2_scan(
         state_out.raw(),
         out.raw(),
     ];
-    gpu.dispatch(&MAMBA2_SCAN, &[], &buffers, bytes_of(&p), [gx, gy, 1]);
+    // runs of tokens on a software adapter, as the delta rule's
+    let run = if gpu.is_software() {
+        32_768 / if fast { 64 } else { 2 * s.d_state + 64 }
+    } else {
+        s.n
+    }
+    .max(1);
+    for t0 in (0..s.n).step_by(run) {
+        let p = [
+            (t0 + run).min(s.n) as u32,
+            s.n_heads as u32,
+            s.head_dim as u32,
+            s.n_groups as u32,
+            s.d_state as u32,
+            gx,
+            t0 as u32,
+            0,
+        ];
+        gpu.dispatch(kernel, &[], &buffers, bytes_of(&p), [gx, gy, 1]);
+    }
     out
 }
 

@@ -6,13 +6,13 @@
 // order (32 fused lanes, ggml's lane reduction, then sequential fused multiply-adds).
 
 struct Params {
-    n: u32,       // tokens
+    n: u32,       // tokens: this dispatch runs tokens t0 .. n
     nh: u32,      // heads H
     hd: u32,      // head_dim P
     ng: u32,      // groups G
     ns: u32,      // d_state N
     groups_x: u32,
-    _a: u32,
+    t0: u32,      // the first token this dispatch runs (past 0: it continues from state_out)
     _b: u32,
 }
 
@@ -42,11 +42,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let h = idx / p.hd;
     let grp = h / (p.nh / p.ng);
     let row = idx * p.ns;
-    for (var i = 0u; i < p.ns; i++) {
-        state_out[row + i] = state_in[row + i];
+    if p.t0 == 0u {
+        for (var i = 0u; i < p.ns; i++) {
+            state_out[row + i] = state_in[row + i];
+        }
     }
     let np = p.ns & ~31u;
-    for (var t = 0u; t < p.n; t++) {
+    for (var t = p.t0; t < p.n; t++) {
         let dt_sp = softplus(dt[t * p.nh + h] + heads[2u * p.nh + h]);
         let da = exp(dt_sp * heads[h]);
         let xv = x[(t * p.nh + h) * p.hd + idx % p.hd];
