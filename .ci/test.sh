@@ -16,4 +16,4 @@ bash .ci/lint-deploy.sh
 # documentation: the generators' lint, and the site (into a temp dir); tests/test_docs.py checks the generated pages
 "$PY" -m ruff check docs/gen && "$PY" -m ruff format --check docs/gen
 NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict -f mkdocs.yml -d "$(mktemp -d)"
-"$PY" -m pytest -q -p no:cacheprovider --durations=20 tests "$@"
+"$PY" -m pytest -q -rs -p no:cacheprovider --durations=20 tests "$@"

@@ -2,10 +2,11 @@
 with the bytes each decode step moves and, given the adapter's memory bandwidth, the fraction of
 it that is; per op family, the time of each family with the device synchronised after every op.
 
-Side by side with llama.cpp on the same device where a GPU build of llama-cpp-python is installed
-(Vulkan or CUDA): bench/llama_gpu_side.py, in its own process, first (each model's
-`llama_cpp_same_device` and `hyserve_over_llama_cpp`); the CPU build this project's tests use has
-neither, and then the JSON says so.
+Side by side with llama.cpp on the same device: each GPU build of llama-cpp-python given by
+`--llama-build BACKEND=SITE` (bench/gpu_device_llama.sh makes CUDA and Vulkan ones), else the one
+this Python imports, runs bench/llama_gpu_side.py in a process of its own, first (each model's
+`llama_cpp_same_device` and `hyserve_over_llama_cpp`, by backend); the CPU build this project's
+tests use has no GPU backend, and then the JSON's `llama_cpp` says so.
 On a software adapter (Mesa's lavapipe) the figures are CPU emulation, not GPU speeds: the run
 only shows the JSON's shape.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -321,11 +323,24 @@ def side_by_side(ours: dict, theirs: dict | None) -> dict:
     }
 
 
-def llama_in_a_process(args: argparse.Namespace, path: Path | str) -> dict | None:
-    """llama.cpp's side (bench/llama_gpu_side.py) in a child process: None without a GPU build of
-    llama-cpp-python, else its JSON (or the error it died with)."""
-    if not llama_cpp_on_the_device()["available"]:
-        return None
+def llama_builds(specs: list[str]) -> dict[str, Path | None]:
+    """`--llama-build BACKEND=SITE` arguments as {backend: site}; none given: the llama_cpp this
+    Python imports, as "installed"; `none`: no llama.cpp side."""
+    if specs == ["none"]:
+        return {}
+    builds: dict[str, Path | None] = {}
+    for spec in specs:
+        backend, sep, site = spec.partition("=")
+        if not sep or not backend or not site:
+            raise SystemExit(f"--llama-build {spec!r}: expected BACKEND=SITE (cuda=/tmp/llama-cuda)")
+        builds[backend] = Path(site)
+    return builds or {"installed": None}
+
+
+def llama_in_a_process(args: argparse.Namespace, path: Path | str, site: Path | None) -> dict | None:
+    """llama.cpp's side (bench/llama_gpu_side.py) in a child process, with the llama-cpp-python
+    installed in `site` (else the one this Python imports): None without the model file, else its
+    JSON (`unavailable` where the build has no GPU backend, `error` where it died)."""
     if str(path) != "default" and not Path(path).exists():
         return None
     from hyserve.model.loader import resolve_model_path
@@ -334,7 +349,10 @@ def llama_in_a_process(args: argparse.Namespace, path: Path | str) -> dict | Non
     cmd = [sys.executable, str(Path(__file__).with_name("llama_gpu_side.py")), model, "--prompt", str(args.prompt),
            "--gen", str(args.gen), "--repeats", str(args.repeats), "--rounds", str(args.rounds),
            "--block", str(args.block), "--threads", str(args.threads), "--batch", *map(str, args.batch)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = dict(os.environ)
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         return {"error": f"exit {done.returncode}: {done.stderr[-400:]}"}
     return json.loads(done.stdout)
@@ -352,19 +370,17 @@ def bench_model(args: argparse.Namespace, path: Path) -> dict:
         return {"skipped": str(exc)}
 
 
-def llama_cpp_on_the_device() -> dict:
-    """llama.cpp on the same GPU needs a GPU build of llama-cpp-python; say whether there is one."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return {"available": False, "reason": "llama-cpp-python is not installed"}
-    if not llama_cpp.llama_supports_gpu_offload():
-        return {
-            "available": False,
-            "reason": "this llama-cpp-python build has no GPU backend (CPU only); "
-            "llama-cpp-python with its Vulkan backend is not built here",
-        }
-    return {"available": True, "reason": "a GPU build: every layer offloaded, same run (llama_cpp_same_device)"}
+def llama_cpp_note(theirs: dict[str, dict | None]) -> dict:
+    """Per llama.cpp build, whether it ran on the device (its system info) or why not."""
+    note = {}
+    for backend, side in theirs.items():
+        if side is None:
+            note[backend] = {"available": False, "reason": "no model file"}
+        elif "unavailable" in side or "error" in side:
+            note[backend] = {"available": False, "reason": side.get("unavailable") or side["error"]}
+        else:
+            note[backend] = {"available": True, "system_info": side.get("system_info", "")}
+    return note
 
 
 def draw(result: dict, png: Path) -> None:
@@ -374,23 +390,27 @@ def draw(result: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     ours = result["hyserve"]
-    theirs = ours.get("llama_cpp_same_device")
+    builds = ours.get("llama_cpp_same_device", {})
+    greys = ["#666666", "#aaaaaa", "#cccccc"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     labels = ["prompt tok/s", "generation tok/s"]
     xs = np.arange(len(labels))
-    a.bar(xs - 0.2, [ours["prompt_tok_s"], ours["gen_tok_s"]], 0.4, color="tab:green", label="hyserve (wgpu)")
-    if theirs:
-        a.bar(xs + 0.2, [theirs["prompt_tok_s"], theirs["gen_tok_s"]], 0.4, color="#999999", label="llama.cpp")
-    a.set_xticks(xs, labels)
+    width = 0.8 / (1 + len(builds))
+    a.bar(xs, [ours["prompt_tok_s"], ours["gen_tok_s"]], width, color="tab:green", label="hyserve (wgpu)")
+    for i, (backend, theirs) in enumerate(builds.items()):
+        a.bar(xs + (i + 1) * width, [theirs["prompt_tok_s"], theirs["gen_tok_s"]], width, color=greys[i % 3],
+              label=f"llama.cpp ({backend})")  # fmt: skip
+    a.set_xticks(xs + width * len(builds) / 2, labels)
     a.set_yscale("log")
     a.legend(fontsize=8)
     a.set_title(ours["adapter"][:48], fontsize=8)
     ks = list(ours["batched_decode_tok_s"])
     b.plot([int(k) for k in ks], [ours["batched_decode_tok_s"][k] for k in ks], "o-", color="tab:green",
            label="hyserve (wgpu)")  # fmt: skip
-    if theirs:
+    for i, (backend, theirs) in enumerate(builds.items()):
         steps = theirs["batched_decode_step_s"]
-        b.plot([int(k) for k in ks], [int(k) / steps[k] for k in ks], "o-", color="#999999", label="llama.cpp")
+        b.plot([int(k) for k in ks if k in steps], [int(k) / steps[k] for k in ks if k in steps], "o-",
+               color=greys[i % 3], label=f"llama.cpp ({backend})")  # fmt: skip
     b.set_xlabel("sequences per decode step")
     b.set_ylabel("tokens/s")
     b.legend(fontsize=8)
@@ -419,6 +439,14 @@ def main() -> None:
         action="store_true",
         help="only the host's recording time per decode step (quick; prints the JSON, writes nothing)",
     )
+    p.add_argument(
+        "--llama-build",
+        action="append",
+        default=[],
+        metavar="BACKEND=SITE",
+        help="a GPU build of llama-cpp-python installed in folder SITE (pip --target), run side by side "
+        "as BACKEND (cuda, vulkan); repeatable. Without: the llama_cpp this Python imports; none: no llama.cpp",
+    )
     p.add_argument("--name", default="gpu_bench")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args()
@@ -427,22 +455,23 @@ def main() -> None:
         host = {"hyserve": bench_hyserve(args, args.model), "realistic_qwen35": bench_model(args, args.qwen35)}
         print(json.dumps(host, indent=2))
         return
-    # llama.cpp first, each model in its own process, before this process opens the wgpu device
+    # llama.cpp first, each build and model in its own process, before this process opens the device
     theirs = {
-        "hyserve": llama_in_a_process(args, args.model),
-        "realistic_qwen35": llama_in_a_process(args, args.qwen35),
+        key: {backend: llama_in_a_process(args, path, site) for backend, site in llama_builds(args.llama_build).items()}
+        for key, path in (("hyserve", args.model), ("realistic_qwen35", args.qwen35))
     }
     result = {
         "machine": platform.processor() or platform.machine(),
         "date": time.strftime("%Y-%m-%d"),
         "hyserve": bench_hyserve(args, args.model),
         "realistic_qwen35": bench_model(args, args.qwen35),
-        "llama_cpp": llama_cpp_on_the_device(),
+        "llama_cpp": llama_cpp_note(theirs["hyserve"]),
     }
-    for key, other in theirs.items():
-        if other is not None:
-            result[key]["llama_cpp_same_device"] = other
-            result[key]["hyserve_over_llama_cpp"] = side_by_side(result[key], other)
+    for key, builds in theirs.items():
+        ran = {b: side for b, side in builds.items() if side and "unavailable" not in side and "error" not in side}
+        if ran:
+            result[key]["llama_cpp_same_device"] = ran
+            result[key]["hyserve_over_llama_cpp"] = {b: side_by_side(result[key], side) for b, side in ran.items()}
     publish(result, args.out, args.name, draw)
 
 

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a GPU machine that has no network: the GPU test files on the card
-# (both numerics modes, captured decode steps among them), the agreement matrix in fast numerics, the dense matmul kernels alone in
-# both modes (bench/gpu_matvec_bench.py), and the side-by-side speed bench on
-# the realistic qwen35 (made there) and on Gemma 3 270M where its package is installed. Writes
-# logs, JSON and PNG into OUT. Takes ~5 minutes on an H200.
+# (both numerics modes, captured decode steps among them), the speed bench on the realistic qwen35
+# (made there) and on Gemma 3 270M where its package is installed in exact numerics, then in fast
+# numerics side by side with llama.cpp's CUDA and Vulkan backends, built there meanwhile
+# (bench/gpu_device_llama.sh, up to 7 minutes), then the agreement matrix in fast numerics and the
+# dense matmul kernels alone in both modes (bench/gpu_matvec_bench.py). Writes logs, JSON and PNG
+# into OUT as each step ends. Takes 8-10 minutes on an H200; the steps that matter most come first.
 #
 #   bash bench/gpu_device_check.sh OUT [WHEELS]
 #
-# WHEELS (default .whl): the wheels that machine lacks, made beforehand by
+# WHEELS (default .whl): what that machine lacks, made beforehand by
 # `bash bench/gpu_device_wheels.sh WHEELS` on a machine with the network: hyserve-kernels, the
-# service's pure-Python dependencies and, where one was built, a GPU build of llama-cpp-python
-# (bench/llama_gpu_side.py then runs llama.cpp on the same card). Each step has its own time limit
-# and a failed step does not stop the others; the exit status is the tests'.
+# service's pure-Python dependencies, llama-cpp-python's pruned source and the Vulkan SDK's
+# Debian packages. Each step has its own time limit and a failed step does not stop the others;
+# the exit status is the tests'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash bench/gpu_device_check.sh OUT [WHEELS]}
@@ -33,6 +35,15 @@ export HYSERVE_TEST_GPU_ADAPTER="${adapter%% (*}"
 log "adapter: $adapter"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.csv" 2>/dev/null
 
+# llama.cpp's CUDA and Vulkan builds compile while the tests run (bench/gpu_device_llama.sh), or
+# come from an earlier call on the same machine: LLAMA_BUILT=DIR (that script's DEST)
+llama_dest=${LLAMA_BUILT:-$(mktemp -d)}
+if [ -z "${LLAMA_BUILT:-}" ] && ls "$WHEELS"/llama-cpp-python-*-gpu-src.tar.gz >/dev/null 2>&1; then
+    log "building llama.cpp's GPU backends in the background"
+    bash bench/gpu_device_llama.sh "$WHEELS" "$llama_dest" 420 >"$OUT/llama_build.log" 2>&1 &
+    llama_pid=$!
+fi
+
 log "GPU tests"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_gpu_recurrent_kernels.py \
     tests/test_gpu_moe.py tests/test_gpu_features.py tests/test_gpu_models.py tests/test_gpu_hybrid_models.py \
@@ -40,14 +51,6 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py t
     >"$OUT/tests.log" 2>&1
 tests_rc=$?
 log "GPU tests rc=$tests_rc: $(tail -n 1 "$OUT/tests.log")"
-
-log "agreement matrix, fast numerics"
-timeout 60 python3 bench/gpu_agreement.py --matrix --numerics fast --adapter "$HYSERVE_TEST_GPU_ADAPTER" \
-    --out "$OUT" >"$OUT/agreement_fast.json" 2>"$OUT/agreement_fast.log"
-
-log "dense matmul kernels, both numerics"
-timeout 120 python3 bench/gpu_matvec_bench.py --adapter "$HYSERVE_TEST_GPU_ADAPTER" --out "$OUT" \
-    >"$OUT/gpu_matvec_bench.stdout" 2>"$OUT/gpu_matvec_bench.log"
 
 qwen35="$CACHE/models/realistic_qwen35_q4km.gguf"
 if [ ! -f "$qwen35" ]; then
@@ -64,12 +67,38 @@ else
     log "Gemma 3 270M not installed: the realistic qwen35 only"
     models=(--model "$qwen35" --qwen35 /nonexistent)
 fi
-for numerics in fast exact; do
+bench() {  # bench NUMERICS [--llama-build ...]
+    local numerics=$1
+    shift
+    local builds=$(($# / 2))
+    [ "${2:-}" = none ] && builds=0
     log "speed bench, $numerics numerics"
-    timeout 150 python3 bench/gpu_bench.py "${models[@]}" --numerics "$numerics" \
+    timeout $((150 + 90 * builds)) python3 bench/gpu_bench.py "${models[@]}" --numerics "$numerics" \
         --adapter "$HYSERVE_TEST_GPU_ADAPTER" --prompt 512 --gen 64 --batch 1 4 16 --repeats 2 --threads 16 \
-        --bandwidth-gbs "${BANDWIDTH_GBS:-4800}" --out "$OUT" --name "gpu_bench_$numerics" \
+        --bandwidth-gbs "${BANDWIDTH_GBS:-4800}" --out "$OUT" --name "gpu_bench_$numerics" "$@" \
         >"$OUT/gpu_bench_$numerics.stdout" 2>"$OUT/gpu_bench_$numerics.log"
+}
+# exact numerics first, alone, while llama.cpp may still be building
+bench exact --llama-build none
+# then fast numerics side by side with each llama.cpp build that finished
+llama=()
+if [ -n "${llama_pid:-}" ]; then
+    wait "$llama_pid"
+    log "llama.cpp builds: $(grep -E '^(cuda|vulkan):' "$OUT/llama_build.log" | tr '\n' ' ')"
+    cp "$llama_dest"/*.log "$OUT/" 2>/dev/null
+fi
+for backend in cuda vulkan; do
+    [ -d "$llama_dest/$backend/site" ] && llama+=(--llama-build "$backend=$llama_dest/$backend/site")
 done
+[ ${#llama[@]} -gt 0 ] || llama=(--llama-build none)
+bench fast "${llama[@]}"
+
+log "agreement matrix, fast numerics"
+timeout 60 python3 bench/gpu_agreement.py --matrix --numerics fast --adapter "$HYSERVE_TEST_GPU_ADAPTER" \
+    --out "$OUT" >"$OUT/agreement_fast.json" 2>"$OUT/agreement_fast.log"
+
+log "dense matmul kernels, both numerics"
+timeout 120 python3 bench/gpu_matvec_bench.py --adapter "$HYSERVE_TEST_GPU_ADAPTER" --out "$OUT" \
+    >"$OUT/gpu_matvec_bench.stdout" 2>"$OUT/gpu_matvec_bench.log"
 log "done"
 exit "$tests_rc"

@@ -1,5 +1,6 @@
 """llama.cpp's side of `bench/gpu_bench.py`: a GPU build of llama-cpp-python, every layer offloaded,
 stock settings otherwise, on the same text, prompt length, generation length and decode batches.
+Where the llama_cpp it imports has no GPU backend it says so (`unavailable`) and measures nothing.
 
 Runs in its own process and imports llama_cpp before anything but the standard library: loading a model in a process
 that had imported numpy/structlog through the bench's modules first segfaulted (llama-cpp-python
@@ -33,6 +34,10 @@ def main() -> None:
     p.add_argument("--block", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
+    system_info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    if not llama_cpp.llama_supports_gpu_offload():
+        print(json.dumps({"unavailable": "this llama-cpp-python build has no GPU backend", "system_info": system_info}))
+        return
     start = time.perf_counter()
     llm = llama_cpp.Llama(args.model, n_gpu_layers=-1, n_ctx=args.prompt + args.gen + 16, n_batch=512, verbose=False)
     load_s = time.perf_counter() - start
@@ -84,6 +89,7 @@ def main() -> None:
     runs = [measure([side, Idle()], k, args.rounds, args.block, 2) for k in args.batch]
     print(json.dumps({
         "version": llama_cpp.__version__,
+        "system_info": system_info,
         "load_s": load_s,
         "prompt_tokens": len(tokens),
         "prompt_tok_s": len(tokens) / statistics.median(pp),

@@ -78,6 +78,26 @@ def test_provenance_comes_from_the_result_then_the_record(tmp_path: Path) -> Non
     assert bare.isa == "AVX2 / AVX2" and bare.same_isa
 
 
+def test_the_gpu_table_puts_each_llama_cpp_build_in_its_column() -> None:
+    """A GPU run names its llama.cpp builds by backend (CUDA, Vulkan); runs from before the Vulkan
+    side hold one, CUDA, as the side itself: both read into the same columns."""
+    from report_tables.speed import _gpu_side
+
+    side = {"prompt_tokens": 512, "prompt_tok_s": 1000.0, "gen_tokens": 64, "gen_tok_s": 50.0}
+    side["batched_decode_step_s"] = {"1": 0.02}
+    cuda = {"prompt_tok_s": 4000.0, "gen_tok_s": 400.0, "batched_decode_step_s": {"1": 0.0025}}
+    vulkan = {"prompt_tok_s": 3000.0, "gen_tok_s": 300.0, "batched_decode_step_s": {"1": 0.003}}
+    both = _gpu_side("m", {**side, "llama_cpp_same_device": {"cuda": cuda, "vulkan": vulkan}})
+    assert [row[2:] for row in both] == [
+        ["1,000.0", "4,000.0", "3,000.0"],
+        ["50.0", "400.0", "300.0"],
+        ["20.0", "2.5", "3.0"],
+    ]
+    older = _gpu_side("m", {**side, "llama_cpp_same_device": cuda})
+    assert [row[2:] for row in older] == [[a, b, "—"] for a, b, _ in (row[2:] for row in both)]
+    assert [row[3:] for row in _gpu_side("m", side)] == [["—", "—"]] * 3
+
+
 # --- no process-speak -----------------------------------------------------------------------------
 
 PROCESS_SPEAK = re.compile(

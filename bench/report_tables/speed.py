@@ -252,25 +252,47 @@ def engine(results: Results, names: Sequence[str] = ENGINE) -> str:
     return "\n".join([table(header, rows), "", runs_table(runs)])
 
 
+GPU_LLAMA_BUILDS = ("cuda", "vulkan")
+
+
+def _llama_builds(side: dict) -> list[dict]:
+    """llama.cpp's side of a GPU run per build of GPU_LLAMA_BUILDS ({} where it did not run). Runs
+    from before the Vulkan side hold one build, CUDA, as the side itself."""
+    other = side.get("llama_cpp_same_device") or {}
+    if "prompt_tok_s" in other:
+        other = {"cuda": other}
+    return [other.get(b) or {} for b in GPU_LLAMA_BUILDS]
+
+
 def _gpu_side(name: str, side: dict) -> list[list[str]]:
     if "skipped" in side:
         return []
-    other = side.get("llama_cpp_same_device") or {}
-    steps, osteps = side.get("batched_decode_step_s", {}), other.get("batched_decode_step_s", {})
+    builds = _llama_builds(side)
+    steps = side.get("batched_decode_step_s", {})
     rows = [
         [
             name,
             f"prompt, {side['prompt_tokens']} tokens (tok/s)",
             num(side["prompt_tok_s"]),
-            num(other.get("prompt_tok_s")),
+            *(num(b.get("prompt_tok_s")) for b in builds),
         ],
-        [name, f"generation, {side['gen_tokens']} tokens (tok/s)", num(side["gen_tok_s"]), num(other.get("gen_tok_s"))],
+        [
+            name,
+            f"generation, {side['gen_tokens']} tokens (tok/s)",
+            num(side["gen_tok_s"]),
+            *(num(b.get("gen_tok_s")) for b in builds),
+        ],
     ]
     for k in ("1", "4", "16"):
         if k in steps:
-            ms = osteps.get(k)
+            theirs = [b.get("batched_decode_step_s", {}).get(k) for b in builds]
             rows.append(
-                [name, f"decode step, k = {k} (ms)", num(1e3 * steps[k]), num(None if ms is None else 1e3 * ms)]
+                [
+                    name,
+                    f"decode step, k = {k} (ms)",
+                    num(1e3 * steps[k]),
+                    *(num(None if ms is None else 1e3 * ms) for ms in theirs),
+                ]
             )
     return rows
 
@@ -283,7 +305,7 @@ def gpu(results: Results) -> str:
         first = "realistic qwen35" if r.name.endswith("qwen35") else "Gemma 3 270M"
         rows += [[f"`{r.name}`", *row] for row in _gpu_side(first, d["hyserve"])]
         rows += [[f"`{r.name}`", *row] for row in _gpu_side("realistic qwen35", d.get("realistic_qwen35", {}))]
-    header = ["run", "model", "measure", "hyserve (wgpu)", "llama.cpp (CUDA, same GPU)"]
+    header = ["run", "model", "measure", "hyserve (wgpu)", "llama.cpp (CUDA, same GPU)", "llama.cpp (Vulkan, same GPU)"]
     return "\n".join([table(header, rows), "", runs_table(runs)])
 
 
