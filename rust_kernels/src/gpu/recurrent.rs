@@ -14,6 +14,9 @@ use Access::{Read, ReadWrite, Uniform};
 const MATH: &str = include_str!("shaders/math.wgsl");
 const CONV: &str = include_str!("shaders/conv1d.wgsl");
 const MISC: &str = include_str!("shaders/recurrent_misc.wgsl");
+/// The recurrences' sizes and bindings, shared by their exact and fast kernels.
+const DELTA_RULE_IO: &str = include_str!("shaders/delta_rule_io.wgsl");
+const SCAN_IO: &str = include_str!("shaders/mamba2_scan_io.wgsl");
 
 const CONV_BINDINGS: &[(u32, Access)] = &[
     (0, Read),
@@ -60,27 +63,27 @@ const DELTA_RULE_BINDINGS: &[(u32, Access)] = &[
 ];
 static DELTA_RULE: Kernel = Kernel {
     name: "delta_rule",
-    sources: &[MATH, include_str!("shaders/delta_rule.wgsl")],
+    sources: &[MATH, DELTA_RULE_IO, include_str!("shaders/delta_rule.wgsl")],
     entry: "main",
     bindings: DELTA_RULE_BINDINGS,
 };
 /// Fast numerics' delta rule: 32 lanes a state row, the row held in registers for the call.
 static DELTA_RULE_FAST: Kernel = Kernel {
     name: "delta_rule_fast",
-    sources: &[include_str!("shaders/delta_rule_fast.wgsl")],
+    sources: &[DELTA_RULE_IO, include_str!("shaders/delta_rule_fast.wgsl")],
     entry: "main",
     bindings: DELTA_RULE_BINDINGS,
 };
 static MAMBA2_SCAN: Kernel = Kernel {
     name: "mamba2_scan",
-    sources: &[MATH, include_str!("shaders/mamba2_scan.wgsl")],
+    sources: &[MATH, SCAN_IO, include_str!("shaders/mamba2_scan.wgsl")],
     entry: "main",
     bindings: SCAN_BINDINGS,
 };
 /// Fast numerics' Mamba2 scan: 32 lanes a state row, the row held in registers for the call.
 static MAMBA2_SCAN_FAST: Kernel = Kernel {
     name: "mamba2_scan_fast",
-    sources: &[include_str!("shaders/mamba2_scan_fast.wgsl")],
+    sources: &[SCAN_IO, include_str!("shaders/mamba2_scan_fast.wgsl")],
     entry: "main",
     bindings: SCAN_BINDINGS,
 };
@@ -125,6 +128,39 @@ fn groups_1d(n: usize) -> (u32, u32) {
     let g = n.div_ceil(64) as u32;
     let x = g.clamp(1, MAX_GROUPS);
     (x, g.div_ceil(x))
+}
+
+/// A recurrence's kernel for a state row of `width` values (keys, or Mamba2 states): in fast
+/// numerics 32 invocations a row with at most 8 values each, held in registers (wider rows, which
+/// no published model has, take the one-invocation kernel); in exact numerics one invocation a
+/// row (the CPU's order of its sums). Returns the kernel, its invocations per row and whether it
+/// is the fast one.
+fn recurrence_kernel(
+    gpu: &Gpu,
+    width: usize,
+    exact: &'static Kernel,
+    fast: &'static Kernel,
+) -> (&'static Kernel, usize, bool) {
+    if gpu.numerics() == Numerics::Fast && width <= 256 {
+        (fast, 32, true)
+    } else {
+        (exact, 1, false)
+    }
+}
+
+/// The token ranges a recurrence over `n` tokens is dispatched in: all at once on hardware. llvmpipe
+/// ends a loop after 65,535 iterations of one invocation, so on a software adapter the tokens go
+/// in runs short enough for that (`per_token`: the iterations an invocation makes per token), each
+/// continuing from the state the last one wrote (the same operations in the same order: the same
+/// bits).
+fn token_runs(gpu: &Gpu, n: usize, per_token: usize) -> impl Iterator<Item = (usize, usize)> {
+    let run = if gpu.is_software() {
+        32_768 / per_token
+    } else {
+        n
+    }
+    .max(1);
+    (0..n).step_by(run).map(move |t0| (t0, (t0 + run).min(n)))
 }
 
 /// Where the CPU kernel switches from rounded products to fused multiply-adds for `n` terms.
@@ -241,14 +277,7 @@ pub fn delta_rule(
     s: &DeltaRule,
 ) -> GpuBuffer {
     let out = gpu.alloc((s.n * s.nv * s.dv * 4) as u64);
-    // fast numerics: 32 invocations a state row, 8 keys each (wider heads, which no published
-    // model has, take the one-invocation kernel); exact: one (the CPU's order of a row's sums)
-    let fast = gpu.numerics() == Numerics::Fast && s.dk <= 256;
-    let (kernel, lanes) = if fast {
-        (&DELTA_RULE_FAST, 32)
-    } else {
-        (&DELTA_RULE, 1)
-    };
+    let (kernel, lanes, fast) = recurrence_kernel(gpu, s.dk, &DELTA_RULE, &DELTA_RULE_FAST);
     let (gx, gy) = groups_1d(s.nv * s.dv * lanes);
     let scale = 1.0f32 / (s.dk as f32).sqrt();
     assert!(
@@ -264,19 +293,10 @@ pub fn delta_rule(
         state_out.raw(),
         out.raw(),
     ];
-    // llvmpipe ends a loop after 65,535 iterations of one invocation: on a software adapter the
-    // tokens go in runs short enough for that, each continuing from the state the last one
-    // wrote (the same operations in the same order: the same bits). An exact-mode invocation
-    // loops over its whole row per token, a fast-mode one over at most 8 keys at a time.
-    let run = if gpu.is_software() {
-        32_768 / if fast { 64 } else { 4 * s.dk + 64 }
-    } else {
-        s.n
-    }
-    .max(1);
-    for t0 in (0..s.n).step_by(run) {
+    // an exact-mode invocation loops over its whole row per token, a fast one over 8 keys at a time
+    for (t0, t1) in token_runs(gpu, s.n, if fast { 64 } else { 4 * s.dk + 64 }) {
         let p = [
-            (t0 + run).min(s.n) as u32,
+            t1 as u32,
             s.nk as u32,
             s.nv as u32,
             s.dk as u32,
@@ -322,13 +342,7 @@ pub fn mamba2_scan(
     s: &Mamba2,
 ) -> GpuBuffer {
     let out = gpu.alloc((s.n * s.n_heads * s.head_dim * 4) as u64);
-    // fast numerics: 32 invocations a state row, 8 states each (as the delta rule)
-    let fast = gpu.numerics() == Numerics::Fast && s.d_state <= 256;
-    let (kernel, lanes) = if fast {
-        (&MAMBA2_SCAN_FAST, 32)
-    } else {
-        (&MAMBA2_SCAN, 1)
-    };
+    let (kernel, lanes, fast) = recurrence_kernel(gpu, s.d_state, &MAMBA2_SCAN, &MAMBA2_SCAN_FAST);
     let (gx, gy) = groups_1d(s.n_heads * s.head_dim * lanes);
     let buffers = [
         x.raw(),
@@ -340,16 +354,9 @@ pub fn mamba2_scan(
         state_out.raw(),
         out.raw(),
     ];
-    // runs of tokens on a software adapter, as the delta rule's
-    let run = if gpu.is_software() {
-        32_768 / if fast { 64 } else { 2 * s.d_state + 64 }
-    } else {
-        s.n
-    }
-    .max(1);
-    for t0 in (0..s.n).step_by(run) {
+    for (t0, t1) in token_runs(gpu, s.n, if fast { 64 } else { 2 * s.d_state + 64 }) {
         let p = [
-            (t0 + run).min(s.n) as u32,
+            t1 as u32,
             s.n_heads as u32,
             s.head_dim as u32,
             s.n_groups as u32,

@@ -5,27 +5,7 @@
 // over N is joined across the lanes through workgroup memory by one fixed tree. The order of
 // operations is a function of N alone and tokens run in order, so a row's bits never depend on
 // the batch, the chunking or the run.
-
-struct Params {
-    n: u32,       // tokens: this dispatch runs tokens t0 .. n
-    nh: u32,      // heads H
-    hd: u32,      // head_dim P
-    ng: u32,      // groups G
-    ns: u32,      // d_state N
-    groups_x: u32,
-    t0: u32,      // the first token this dispatch runs (past 0: it continues from state_out)
-    _b: u32,
-}
-
-@group(0) @binding(0) var<storage, read> x: array<f32>;      // n x H x P
-@group(0) @binding(1) var<storage, read> dt: array<f32>;     // n x H
-@group(0) @binding(2) var<storage, read> bmat: array<f32>;   // n x G x N
-@group(0) @binding(3) var<storage, read> cmat: array<f32>;   // n x G x N
-@group(0) @binding(4) var<storage, read> heads: array<f32>;  // A (H), then D (H), then dt_bias (H)
-@group(0) @binding(5) var<storage, read> state_in: array<f32>;        // H x P x N
-@group(0) @binding(6) var<storage, read_write> state_out: array<f32>; // H x P x N
-@group(0) @binding(7) var<storage, read_write> out: array<f32>;       // n x H x P
-@group(0) @binding(8) var<uniform> p: Params;
+// Sizes and bindings: mamba2_scan_io.wgsl.
 
 const LANES: u32 = 32u;
 const ROWS: u32 = 2u;      // state rows per workgroup
@@ -34,13 +14,6 @@ const PER_LANE: u32 = 8u;  // states per lane: N up to 256
 // Each lane's partial sum, in two halves by the token's parity, so that a token's writes never
 // race the last token's reads.
 var<workgroup> sums: array<f32, 128>;
-
-fn softplus(v: f32) -> f32 {
-    if v > 20.0 {
-        return v;
-    }
-    return log(1.0 + exp(v));
-}
 
 // The 32 partials from `at`, joined by one fixed tree.
 fn join(at: u32) -> f32 {
