@@ -27,10 +27,23 @@ export PYTHONPATH="$site:$PWD/service:$PWD/clients/python:$PWD/tests:$PWD/bench"
 export PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 CACHE="${HYSERVE_CACHE:-$HOME/.cache/hyserve}"
 
+# GPU_CHECK_REHEARSAL=1 runs every step on a software adapter too (lavapipe), with one test file
+# and small benches: a check of the script itself before a GPU machine's minutes go into it
+rehearsal=${GPU_CHECK_REHEARSAL:-}
 adapter=$(python3 -c "
 import hyserve_kernels as hk
-print(next((n for n, soft in hk.GpuDevice.adapters() if not soft), ''))")
+print(next((n for n, soft in hk.GpuDevice.adapters() if not soft or '$rehearsal'), ''))")
 [ -n "$adapter" ] || { log "no hardware adapter: $(python3 -c 'import hyserve_kernels as hk; print(hk.GpuDevice.adapters())')"; exit 2; }
+tests=(tests/test_gpu_kernels.py tests/test_gpu_recurrent_kernels.py tests/test_gpu_moe.py tests/test_gpu_features.py
+    tests/test_gpu_models.py tests/test_gpu_hybrid_models.py tests/test_gpu_matrix.py tests/test_device_choice.py
+    tests/test_gpu_fast_matmul.py tests/test_gpu_step_plans.py tests/test_greedy_on_device.py)
+sizes=(--prompt 512 --gen 64 --batch 1 4 16 --repeats 2)
+if [ -n "$rehearsal" ]; then
+    log "rehearsal: a software adapter may run the steps; no figure is a GPU speed"
+    tests=(tests/test_gpu_recurrent_kernels.py)
+    sizes=(--prompt 16 --gen 4 --batch 1 2 --repeats 1 --rounds 1 --block 2)
+    export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}  # llama.cpp's Vulkan build skips software adapters
+fi
 export HYSERVE_TEST_GPU_ADAPTER="${adapter%% (*}"
 log "adapter: $adapter"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.csv" 2>/dev/null
@@ -45,10 +58,7 @@ if [ -z "${LLAMA_BUILT:-}" ] && ls "$WHEELS"/llama-cpp-python-*-gpu-src.tar.gz >
 fi
 
 log "GPU tests"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_gpu_recurrent_kernels.py \
-    tests/test_gpu_moe.py tests/test_gpu_features.py tests/test_gpu_models.py tests/test_gpu_hybrid_models.py \
-    tests/test_gpu_matrix.py tests/test_device_choice.py tests/test_gpu_fast_matmul.py tests/test_gpu_step_plans.py tests/test_greedy_on_device.py \
-    >"$OUT/tests.log" 2>&1
+timeout 150 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" >"$OUT/tests.log" 2>&1
 tests_rc=$?
 log "GPU tests rc=$tests_rc: $(tail -n 1 "$OUT/tests.log")"
 
@@ -74,7 +84,7 @@ bench() {  # bench NUMERICS [--llama-build ...]
     [ "${2:-}" = none ] && builds=0
     log "speed bench, $numerics numerics"
     timeout $((150 + 90 * builds)) python3 bench/gpu_bench.py "${models[@]}" --numerics "$numerics" \
-        --adapter "$HYSERVE_TEST_GPU_ADAPTER" --prompt 512 --gen 64 --batch 1 4 16 --repeats 2 --threads 16 \
+        --adapter "$HYSERVE_TEST_GPU_ADAPTER" "${sizes[@]}" --threads 16 \
         --bandwidth-gbs "${BANDWIDTH_GBS:-4800}" --out "$OUT" --name "gpu_bench_$numerics" "$@" \
         >"$OUT/gpu_bench_$numerics.stdout" 2>"$OUT/gpu_bench_$numerics.log"
 }
