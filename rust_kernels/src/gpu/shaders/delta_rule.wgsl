@@ -93,10 +93,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let h = idx / p.dv;
     let j = idx % p.dv;
-    var hk = h % p.nk;
-    if p.grouped != 0u {
-        hk = h / (p.nv / p.nk);
-    }
+    let hk = k_head(h);
     let row = idx * p.dk;
     for (var t = p.t0; t < p.n; t++) {
         let at_q = t * p.qk_stride + hk * p.dk;

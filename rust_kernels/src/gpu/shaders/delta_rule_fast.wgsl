@@ -45,10 +45,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let row_index = min(idx, p.nv * p.dv - 1u);
     let h = row_index / p.dv;
     let j = row_index % p.dv;
-    var hk = h % p.nk;
-    if p.grouped != 0u {
-        hk = h / (p.nv / p.nk);
-    }
+    let hk = k_head(h);
     let row = row_index * p.dk;
 
     var s: array<f32, PER_LANE>;

@@ -1,5 +1,5 @@
-// The gated delta rule's sizes and bindings, shared by its kernels (delta_rule.wgsl in exact
-// numerics, delta_rule_fast.wgsl in fast).
+// The gated delta rule's sizes, bindings and head mapping, shared by its kernels (delta_rule.wgsl
+// in exact numerics, delta_rule_fast.wgsl in fast).
 
 struct Params {
     n: u32,       // tokens: this dispatch runs tokens t0 .. n
@@ -28,3 +28,11 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> state_out: array<f32>;     // nv x dv x dk
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;           // n x nv x dv
 @group(0) @binding(7) var<uniform> p: Params;
+
+// The q/k head v head h reads: h / (nv / nk) where heads are grouped (qwen3next), else h % nk (qwen35).
+fn k_head(h: u32) -> u32 {
+    if p.grouped != 0u {
+        return h / (p.nv / p.nk);
+    }
+    return h % p.nk;
+}
